@@ -1,0 +1,99 @@
+"""The ``gantool`` command line: thin wrappers over the library.
+
+Each command lives in its own module and is imported only when it runs, so
+``gantool --help`` does not pay for importing torch or onnxruntime. A
+:class:`~gantool.errors.GantoolError` raised anywhere below becomes a one-line
+``click.ClickException`` (exit 1), never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+
+import click
+
+from gantool import __version__
+from gantool.errors import GantoolError
+
+# name -> (module, attribute, short help shown by `gantool --help`)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "train": ("gantool.cli.train_cmd", "train", "Train a GLCIC inpainting GAN."),
+    "export": ("gantool.cli.export_cmd", "export", "Export a generator to ONNX and TorchScript."),
+    "inpaint": ("gantool.cli.inpaint_cmd", "inpaint", "Fill the holes in images."),
+    "info": ("gantool.cli.info_cmd", "info", "Show a model's or checkpoint's metadata."),
+    "eval": ("gantool.cli.eval_cmd", "eval_", "Compare a model with classical inpainting."),
+    "bench": ("gantool.cli.bench_cmd", "bench", "Benchmark training or inference."),
+    "doctor": ("gantool.cli.doctor_cmd", "doctor", "Check torch, CUDA and ONNX Runtime."),
+}
+
+
+def run_library_call(ctx: click.Context, invoke) -> object:
+    try:
+        return invoke(ctx)
+    except GantoolError as e:
+        raise click.ClickException(str(e)) from None
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported on first use.
+
+    ``lazy`` maps names to ``(module, attribute, help)``.
+    """
+
+    def __init__(self, *args, lazy: dict[str, tuple[str, str, str]] | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.lazy:
+            module, attr, _ = self.lazy[name]
+            try:
+                return getattr(importlib.import_module(module), attr)
+            except ModuleNotFoundError as e:
+                if e.name == module:  # command not available in this build
+                    return None
+                raise
+        return super().get_command(ctx, name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, self.lazy[name][2]) for name in self.list_commands(ctx) if name in self.lazy]
+        rows += [
+            (name, cmd.get_short_help_str())
+            for name in super().list_commands(ctx)
+            if name not in self.lazy and (cmd := super().get_command(ctx, name)) is not None
+        ]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(sorted(rows))
+
+    def invoke(self, ctx: click.Context):
+        return run_library_call(ctx, super().invoke)
+
+
+@click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gantool")
+@click.option("-v", "--verbose", is_flag=True, help="Show debug logging.")
+def cli(verbose: bool) -> None:
+    """gantool: train, export and run GLCIC-style inpainting GANs.
+
+    \b
+    Masks: 1 (or a pixel > 127) means hole, everywhere.
+    """
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # Third-party libraries stay at WARNING unless asked.
+    if not verbose:
+        for name in ("torch", "onnxscript", "onnx_ir", "PIL"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def main() -> None:
+    cli(prog_name="gantool")

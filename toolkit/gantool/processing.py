@@ -1,0 +1,177 @@
+"""The ONE place for pre- and post-processing.
+
+Every backend (eager PyTorch, TorchScript, ONNX Runtime) and the training data
+pipeline go through these functions, so colour order, value range, mask
+threshold, padding and compositing are defined once:
+
+- images are RGB, float32, in [0, 1]; arrays are H x W x 3, batches N x 3 x H x W;
+- masks are float32 {0, 1}, 1 = hole; a mask pixel counts as a hole when it is
+  above half of its range (> 127 for 8-bit);
+- sizes are padded (reflect) to the model's size multiple and cropped back;
+- the result is composited: only hole pixels change.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from gantool.config import NETWORK_STRIDE, ModelConfig
+from gantool.errors import InputError
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
+MASK_CONVENTION = "1 = hole (mask pixel > half its range, 127 for 8-bit); 0 = known"
+
+
+def processing_contract(config: ModelConfig) -> dict[str, Any]:
+    """What an exported model expects and returns: stored in its metadata."""
+    return {
+        "inputs": {
+            "image": "float32 N x 3 x H x W, RGB, values in [0, 1]",
+            "mask": "float32 N x 1 x H x W, 1 = hole, 0 = known",
+        },
+        "outputs": {"inpainted": "float32 N x 3 x H x W, RGB, values in [0, 1]"},
+        "color_order": "RGB",
+        "layout": "NCHW",
+        "value_range": [0.0, 1.0],
+        "mask_convention": MASK_CONVENTION,
+        "size_multiple": config.stride,
+        "pad_mode": "reflect",
+        "composite": "inside the graph: output = image * (1 - mask) + network * mask",
+        "train_size": config.size,
+        "local_size": config.local_size,
+    }
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read_image(path: str | Path) -> Image.Image:
+    """Open and fully decode an image, EXIF orientation applied. Raises InputError."""
+    path = Path(path)
+    try:
+        with warnings.catch_warnings():
+            # A decompression-bomb warning is not an error here; huge images are allowed.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                img.load()
+                return ImageOps.exif_transpose(img) if _has_orientation(img) else img.copy()
+    except FileNotFoundError:
+        raise InputError(f"file not found: {path}") from None
+    except IsADirectoryError:
+        raise InputError(f"expected an image file, got a folder: {path}") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+        raise InputError(f"cannot read image {path}: {e}") from None
+
+
+def _has_orientation(img: Image.Image) -> bool:
+    try:
+        return img.getexif().get(0x0112, 1) != 1
+    except Exception:  # malformed EXIF must not make an image unreadable
+        return False
+
+
+def _is_high_bit(img: Image.Image) -> bool:
+    return img.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N", "F")
+
+
+def image_to_array(img: Image.Image) -> np.ndarray:
+    """Any PIL mode -> float32 H x W x 3 RGB in [0, 1].
+
+    Handles L, LA, P (with or without transparency), RGBA, CMYK, YCbCr and
+    16-bit / 32-bit single-channel images (scaled by their full range, not clipped).
+    Alpha is dropped here; see :func:`alpha_hole_mask`.
+    """
+    if _is_high_bit(img):
+        arr = np.asarray(img, dtype=np.float32)
+        peak = 1.0 if img.mode == "F" else 65535.0
+        arr = np.clip(arr / peak, 0.0, 1.0)
+        return np.repeat(arr[..., None], 3, axis=2)
+    if img.mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")
+    if img.mode != "RGB":
+        img = img.convert("RGB")
+    return np.asarray(img, dtype=np.float32) / 255.0
+
+
+def alpha_hole_mask(img: Image.Image) -> np.ndarray | None:
+    """Transparent pixels as holes (float32 H x W), or None without any alpha channel."""
+    if img.mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")
+    if img.mode not in ("RGBA", "LA", "PA", "RGBa", "La"):
+        return None
+    alpha = np.asarray(img.getchannel("A"))
+    return (alpha <= 127).astype(np.float32)
+
+
+def mask_to_array(img: Image.Image | np.ndarray) -> np.ndarray:
+    """A mask image in any mode -> float32 H x W with 1 = hole (> half of the range)."""
+    if isinstance(img, np.ndarray):
+        arr = img.astype(np.float32)
+        if arr.ndim == 3:
+            arr = arr.max(axis=2)
+        peak = 1.0 if arr.max(initial=0.0) <= 1.0 else (255.0 if arr.max() <= 255 else 65535.0)
+        return (arr > peak / 2).astype(np.float32)
+    if _is_high_bit(img):
+        arr = np.asarray(img, dtype=np.float32)
+        peak = 1.0 if img.mode == "F" else 65535.0
+        return (arr > peak / 2).astype(np.float32)
+    if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
+        # A mask drawn on a transparent layer: painted (opaque, bright) pixels are holes.
+        img = img.convert("RGBA")
+        arr = np.asarray(img.convert("L"), dtype=np.float32) * (np.asarray(img.getchannel("A")) / 255.0)
+        return (arr > 127).astype(np.float32)
+    return (np.asarray(img.convert("L")) > 127).astype(np.float32)
+
+
+# ------------------------------------------------------------------- tensors / padding
+
+
+def to_batch(images: list[np.ndarray], masks: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Lists of H x W x 3 images and H x W masks (same size) -> NCHW float32 arrays."""
+    image = np.ascontiguousarray(np.stack(images).transpose(0, 3, 1, 2), dtype=np.float32)
+    mask = np.ascontiguousarray(np.stack(masks)[:, None], dtype=np.float32)
+    return image, mask
+
+
+def padding_for(height: int, width: int, multiple: int = NETWORK_STRIDE) -> tuple[int, int, int, int]:
+    """(top, bottom, left, right) padding that makes H and W multiples of ``multiple``."""
+    ph, pw = (-height) % multiple, (-width) % multiple
+    return ph // 2, ph - ph // 2, pw // 2, pw - pw // 2
+
+
+def pad_to_multiple(
+    image: np.ndarray, mask: np.ndarray, multiple: int = NETWORK_STRIDE
+) -> tuple[np.ndarray, np.ndarray, tuple[int, int, int, int]]:
+    """Reflect-pad NCHW image and mask so H and W are multiples of ``multiple``.
+
+    Padded mask pixels are known (0): the network sees reflected context there.
+    Falls back to edge padding when the image is too small to reflect.
+    """
+    height, width = image.shape[-2:]
+    pad = top, bottom, left, right = padding_for(height, width, multiple)
+    if not any(pad):
+        return image, mask, pad
+    mode = "reflect" if (top < height and bottom < height and left < width and right < width) else "edge"
+    spec = ((0, 0), (0, 0), (top, bottom), (left, right))
+    return np.pad(image, spec, mode=mode), np.pad(mask, spec, mode="constant"), pad
+
+
+def crop_padding(batch: np.ndarray, pad: tuple[int, int, int, int]) -> np.ndarray:
+    top, bottom, left, right = pad
+    height, width = batch.shape[-2:]
+    return batch[..., top : height - bottom, left : width - right]
+
+
+def composite(image: np.ndarray, result: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Known pixels from ``image``, hole pixels from ``result`` (any matching layout)."""
+    return np.where(mask > 0.5, result, image)
+
+
+def to_uint8(image: np.ndarray) -> np.ndarray:
+    """float [0, 1] -> uint8 with rounding (the inverse of /255 for 8-bit inputs)."""
+    return np.clip(np.rint(image * 255.0), 0, 255).astype(np.uint8)
