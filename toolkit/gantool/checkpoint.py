@@ -8,11 +8,15 @@ Writes are atomic.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import pickle
 import zipfile
 from pathlib import Path
 from typing import Any
 
+import safetensors
+import safetensors.torch
 import torch
 
 from gantool import __version__
@@ -75,3 +79,56 @@ def discriminator_from_checkpoint(state: dict[str, Any]) -> ContextDiscriminator
     discriminator = ContextDiscriminator(model_config_of(state))
     discriminator.load_state_dict(state["discriminator"])
     return discriminator
+
+
+# ------------------------------------------------------------- standalone generator weights
+
+
+def weights_sha256(state_dict: dict[str, torch.Tensor]) -> str:
+    """sha256 over the tensors' raw bytes, in key order: identifies the weights."""
+    digest = hashlib.sha256()
+    for key in sorted(state_dict):
+        tensor = state_dict[key].detach().cpu().contiguous().reshape(-1)
+        digest.update(key.encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def save_generator_weights(
+    path: str | Path, generator: CompletionNetwork, metadata: dict[str, str] | None = None
+) -> Path:
+    """The generator alone as safetensors; the model config rides in the header."""
+    meta = {"gantool.model_config": json.dumps(generator.config.to_dict()), "gantool.version": __version__}
+    meta.update(metadata or {})
+    tensors = {k: v.detach().cpu().contiguous() for k, v in generator.state_dict().items()}
+    return atomic_save(path, lambda tmp: safetensors.torch.save_file(tensors, str(tmp), metadata=meta))
+
+
+def load_generator_weights(path: str | Path) -> tuple[CompletionNetwork, dict[str, str]]:
+    """Rebuild a generator (eval mode) from :func:`save_generator_weights` output."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"weights file not found: {path}")
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as f:
+            meta = dict(f.metadata() or {})
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        config = ModelConfig.from_dict(json.loads(meta["gantool.model_config"]))
+    except (KeyError, json.JSONDecodeError):
+        raise CheckpointError(f"{path} has no gantool model config in its metadata") from None
+    except Exception as e:  # safetensors raises its own error types for corrupt headers
+        raise CheckpointError(f"{path} is not a readable safetensors file ({str(e)[:160]})") from None
+    generator = CompletionNetwork(config)
+    try:
+        generator.load_state_dict(tensors)
+    except RuntimeError as e:
+        raise CheckpointError(f"{path}: weights do not match the model config ({str(e)[:160]})") from None
+    return generator.eval(), meta
+
+
+def load_generator(path: str | Path) -> CompletionNetwork:
+    """A generator from a training checkpoint (.pt) or a safetensors weights file."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        return load_generator_weights(path)[0]
+    return generator_from_checkpoint(load_checkpoint(path))
