@@ -202,6 +202,14 @@ class StepBatchSampler(torch.utils.data.Sampler):
             yield self.batch_keys(step)
 
 
+def holdout_count(source: ImageFolderSource | SyntheticSource, val_images: int) -> int:
+    """How many images to hold out for validation: the last ones of the sorted list,
+    at most a fifth of a folder. Synthetic data holds out images never generated for training."""
+    if isinstance(source, SyntheticSource):
+        return val_images
+    return min(val_images, len(source) // 5)
+
+
 def validation_batch(
     source: ImageFolderSource | SyntheticSource,
     count: int,
@@ -211,26 +219,16 @@ def validation_batch(
     hole_range: tuple[int, int] | None,
     seed: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A fixed held-out batch with fixed masks (the same every time it is built)."""
+    """A fixed batch with fixed masks (the same every time it is built): the
+    held-out images, or the first ``count`` images when nothing is held out."""
     if isinstance(source, SyntheticSource):
-        indices = [source.count + i for i in range(count)]  # never produced for training
+        indices = [source.count + i for i in range(count)]
     else:
-        indices = list(range(len(source) - count, len(source)))
+        held = holdout_count(source, count)
+        indices = list(range(len(source) - held, len(source))) if held else list(range(min(count, len(source))))
     dataset = InpaintingDataset(source, size, local_size, mask_kind, hole_range)
     items = [dataset[(i, seed * 1_000_003 + k)] for k, i in enumerate(indices)]
     return tuple(torch.stack(t) for t in zip(*items))  # type: ignore[return-value]
-
-
-def split_holdout(source: ImageFolderSource | SyntheticSource, val_images: int) -> int:
-    """How many images to hold out for validation (the last ones, sorted).
-
-    An image folder keeps at least one training image; synthetic data holds out
-    images that are never generated for training.
-    """
-    if isinstance(source, SyntheticSource):
-        return val_images
-    held = min(val_images, len(source) // 5)
-    return held
 
 
 def estimate_fill(source: ImageFolderSource | SyntheticSource, size: int, limit: int = 64) -> tuple[float, float, float]:

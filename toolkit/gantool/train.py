@@ -1,0 +1,489 @@
+"""The GLCIC training loop, correct by construction.
+
+Each joint step:
+  1. fake = G(masked real)                       (one generator forward)
+  2. D on the real images and on fake.detach();  D step
+  3. a FRESH D pass on fake (not detached), D frozen (requires_grad off);
+     adversarial + reconstruction loss;          G step
+No retain_graph anywhere, no discriminator output reused across backward
+calls, and no gradient of G's loss ever lands in D's parameters.
+
+Phases follow GLCIC: reconstruction only (``steps_g``), discriminator only
+(``steps_d``), then joint (``steps_joint``).
+
+:func:`train` is the whole run (importable, testable); the step functions
+below it are the loop's body.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import random
+import signal
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from gantool.checkpoint import load_checkpoint, save_checkpoint
+from gantool.config import ModelConfig, TrainConfig, toml_text
+from gantool.data import (
+    InpaintingDataset,
+    StepBatchSampler,
+    estimate_fill,
+    holdout_count,
+    open_source,
+    validation_batch,
+)
+from gantool.distributed import DistributedContext, setup_distributed
+from gantool.errors import CheckpointError, InputError, TrainingError
+from gantool.fileio import atomic_save, atomic_write_text, ensure_writable_dir
+from gantool.losses import discriminator_loss, generator_adversarial_loss, hole_mse, l1, psnr, ssim
+from gantool.networks import CompletionNetwork, ContextDiscriminator, crop_local
+from gantool.processing import to_uint8
+
+log = logging.getLogger(__name__)
+
+PHASES = ("g", "d", "joint")
+PHASE_NAMES = {"g": "completion", "d": "discriminator", "joint": "joint"}
+
+
+def phase_at(step: int, cfg: TrainConfig) -> str:
+    if step < cfg.steps_g:
+        return "g"
+    return "d" if step < cfg.steps_g + cfg.steps_d else "joint"
+
+
+# ------------------------------------------------------------------------ the step functions
+
+
+class DiscriminatorPair(nn.Module):
+    """D on the real and the fake batch in one forward call (so DDP sees one
+    forward per backward). Real and fake keep separate BatchNorm statistics."""
+
+    def __init__(self, discriminator: ContextDiscriminator) -> None:
+        super().__init__()
+        self.discriminator = discriminator
+
+    def forward(self, real_crop: Tensor, real: Tensor, fake_crop: Tensor, fake: Tensor) -> tuple[Tensor, Tensor]:
+        return self.discriminator(real_crop, real), self.discriminator(fake_crop, fake)
+
+
+@dataclass
+class Networks:
+    """The raw modules and what the loop calls (DDP wrappers or the modules themselves)."""
+
+    generator: CompletionNetwork
+    discriminator: ContextDiscriminator
+    run_generator: nn.Module
+    run_pair: nn.Module
+
+
+def set_requires_grad(module: nn.Module, flag: bool) -> None:
+    for p in module.parameters():
+        p.requires_grad_(flag)
+
+
+def discriminator_step(
+    nets: Networks, opt_d: torch.optim.Optimizer, real: Tensor, fake: Tensor, corners: Tensor,
+    cfg: TrainConfig, autocast: contextlib.AbstractContextManager,
+) -> float:
+    """D on real and on ``fake`` (already detached); one D optimizer step."""
+    opt_d.zero_grad(set_to_none=True)
+    with autocast:
+        real_logits, fake_logits = nets.run_pair(
+            crop_local(real, corners, cfg.local_size), real, crop_local(fake, corners, cfg.local_size), fake
+        )
+        loss_d = discriminator_loss(real_logits.float(), fake_logits.float(), cfg.alpha)
+    loss_d.backward()
+    opt_d.step()
+    return loss_d.detach()
+
+
+def generator_step(
+    nets: Networks, opt_g: torch.optim.Optimizer, real: Tensor, fake: Tensor, mask: Tensor, corners: Tensor,
+    cfg: TrainConfig, autocast: contextlib.AbstractContextManager, adversarial: bool,
+) -> tuple[Tensor, Tensor]:
+    """Reconstruction loss in the hole (+ adversarial loss from a fresh D pass on
+    the non-detached ``fake``, D frozen); one G optimizer step."""
+    opt_g.zero_grad(set_to_none=True)
+    loss_rec = hole_mse(fake.float(), real, mask)
+    loss_adv = torch.zeros((), device=real.device)
+    if adversarial:
+        set_requires_grad(nets.discriminator, False)  # G's loss must not touch D's parameters
+        try:
+            with autocast:  # the raw D, not DDP: D is not updated here, so nothing to sync
+                logits = nets.discriminator(crop_local(fake, corners, cfg.local_size), fake)
+            loss_adv = generator_adversarial_loss(logits.float(), cfg.alpha)
+        finally:
+            set_requires_grad(nets.discriminator, True)
+    loss_g = cfg.recon_weight * loss_rec + loss_adv
+    loss_g.backward()
+    opt_g.step()
+    return loss_rec.detach(), loss_adv.detach()
+
+
+def train_step(
+    phase: str, nets: Networks, opt_g: torch.optim.Optimizer, opt_d: torch.optim.Optimizer,
+    batch: tuple[Tensor, Tensor, Tensor], cfg: TrainConfig, autocast: contextlib.AbstractContextManager,
+) -> dict[str, Tensor]:
+    """One step of ``phase`` ("g", "d" or "joint"); returns the losses (0-d tensors)."""
+    real, mask, corners = batch
+    if phase == "d":
+        with torch.no_grad(), autocast:
+            fake = nets.run_generator(real, mask)
+        return {"loss_d": discriminator_step(nets, opt_d, real, fake.float(), corners, cfg, autocast)}
+    with autocast:
+        fake = nets.run_generator(real, mask)
+    losses = {}
+    if phase == "joint":
+        losses["loss_d"] = discriminator_step(nets, opt_d, real, fake.detach().float(), corners, cfg, autocast)
+    rec, adv = generator_step(nets, opt_g, real, fake, mask, corners, cfg, autocast, adversarial=phase == "joint")
+    losses["loss_rec"] = rec
+    if phase == "joint":
+        losses["loss_adv"] = adv
+    return losses
+
+
+# --------------------------------------------------------------------------------- set-up
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError("--device cuda was requested but torch sees no CUDA device (torch.cuda.is_available() is False)")
+    return torch.device(name)
+
+
+def amp_supported(device: torch.device) -> bool:
+    """bf16 autocast is worth it on CUDA and on CPUs with native bf16 (AVX512-BF16 / AMX)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return bool(getattr(torch.backends.cpu, "get_cpu_capability", lambda: "")() in ("AVX512", "AVX512_BF16", "AMX")) or (
+        hasattr(torch.cpu, "_is_avx512_bf16_supported") and torch.cpu._is_avx512_bf16_supported()
+    )
+
+
+def autocast_for(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def build_networks(model_cfg: ModelConfig, cfg: TrainConfig, device: torch.device, dist: DistributedContext) -> Networks:
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    generator, discriminator = CompletionNetwork(model_cfg), ContextDiscriminator(model_cfg)
+    if cfg.sync_bn and dist.enabled:
+        generator = nn.SyncBatchNorm.convert_sync_batchnorm(generator)
+        discriminator = nn.SyncBatchNorm.convert_sync_batchnorm(discriminator)
+    memory_format = torch.channels_last if use_channels_last(cfg, device) else torch.contiguous_format
+    generator.to(device, memory_format=memory_format)
+    discriminator.to(device, memory_format=memory_format)
+    run_generator, run_pair = dist.wrap(generator), dist.wrap(DiscriminatorPair(discriminator))
+    if cfg.compile:
+        run_generator, run_pair = torch.compile(run_generator), torch.compile(run_pair)
+    return Networks(generator, discriminator, run_generator, run_pair)
+
+
+def use_channels_last(cfg: TrainConfig, device: torch.device) -> bool:
+    return cfg.channels_last if cfg.channels_last is not None else device.type == "cuda"
+
+
+def build_optimizers(nets: Networks, cfg: TrainConfig) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:
+    opt_g = torch.optim.Adam(nets.generator.parameters(), lr=cfg.lr, betas=cfg.betas)
+    opt_d = torch.optim.Adam(nets.discriminator.parameters(), lr=cfg.lr_d or cfg.lr, betas=cfg.betas)
+    return opt_g, opt_d
+
+
+def default_run_dir() -> Path:
+    return Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def rng_state() -> dict[str, Any]:
+    """Global RNG states as plain containers and tensors (weights_only-loadable)."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    numpy_state = {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                   "has_gauss": int(has_gauss), "gauss": float(gauss)}
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy_state}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(_as_tuple(state["python"]))
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _as_tuple(value: Any) -> Any:
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, list) else value
+
+
+# ------------------------------------------------------------------------------ the run
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    step: int
+    phase: str
+    last_checkpoint: Path | None
+    interrupted: bool = False
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+class _StopFlag:
+    """Ctrl-C sets a flag the loop checks at step boundaries; a second Ctrl-C aborts."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        if threading_main():
+            previous = signal.getsignal(signal.SIGINT)
+
+            def handler(signum: int, frame: Any) -> None:
+                if self.requested:
+                    raise KeyboardInterrupt
+                self.requested = True
+
+            signal.signal(signal.SIGINT, handler)
+            try:
+                yield
+            finally:
+                signal.signal(signal.SIGINT, previous)
+        else:
+            yield
+
+
+def threading_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+MODEL_KEYS = ("size", "local_size", "width", "disc_width", "disc_fc")
+
+
+def prepare_run(
+    options: TrainConfig | Mapping[str, Any], resume: str | Path | None
+) -> tuple[TrainConfig, dict[str, Any] | None, Path]:
+    """Resolve the config, the resume state and the run folder, refusing to clobber a run.
+
+    ``options`` is a full TrainConfig, or a mapping of explicitly chosen options
+    applied on top of the defaults, or on top of the checkpoint's own config when
+    resuming (a resumed run keeps its schedule, data and model unless told otherwise).
+    """
+    state = load_checkpoint(resume) if resume is not None else None
+    if state is not None and ("train_config" not in state or "opt_g" not in state):
+        raise CheckpointError(f"{resume} has no training state (was it exported weights?)")
+    if isinstance(options, TrainConfig):
+        cfg = options
+    else:
+        # A resumed run writes beside its checkpoint (it may have moved) unless --out says otherwise.
+        base = TrainConfig.from_dict(state["train_config"]).replace(out=None) if state else TrainConfig()
+        cfg = base.replace(**options)
+    if state is not None:
+        saved = TrainConfig.from_dict(state["train_config"])
+        clashes = [k for k in MODEL_KEYS if getattr(saved, k) != getattr(cfg, k)]
+        if clashes:
+            raise InputError(f"--resume: {', '.join(clashes)} differ from the checkpoint's model")
+    cfg.validate()
+    if cfg.out:
+        run_dir = Path(cfg.out)
+    elif resume is not None:
+        run_dir = Path(resume).resolve().parent.parent
+    else:
+        run_dir = default_run_dir()
+    checkpoints = run_dir / "checkpoints"
+    if state is None and checkpoints.is_dir() and any(checkpoints.iterdir()):
+        raise InputError(f"{run_dir} already holds a run; use --resume {checkpoints / 'last.pt'} or another --out")
+    return cfg.replace(out=str(run_dir)), state, run_dir
+
+
+def train(
+    cfg: TrainConfig | Mapping[str, Any],
+    resume: str | Path | None = None,
+    stop_after: int | None = None,
+    progress: bool = True,
+) -> TrainResult:
+    """Run (or resume) training. ``stop_after`` ends the run early after that step
+    count (checkpointing it), as an interrupted run would."""
+    cfg, state, run_dir = prepare_run(cfg, resume)
+    dist = setup_distributed(cfg.device)
+    device = dist.device or resolve_device(cfg.device)
+    amp = cfg.amp if cfg.amp is not None else device.type == "cuda"
+    if amp and not amp_supported(device):
+        log.warning("bf16 autocast is not natively supported on this %s; it will be slow", device.type)
+    source = open_source(cfg.data, cfg.seed)
+    if source.skipped and dist.is_main:
+        log.warning("skipped %d unreadable file(s) in %s (first: %s)", len(source.skipped), cfg.data, source.skipped[0])
+    held = holdout_count(source, cfg.val_images)
+    fill = tuple(state["model_config"]["fill"]) if state else (cfg.fill or estimate_fill(source, cfg.size))
+    model_cfg = cfg.model_config(fill)
+
+    nets = build_networks(model_cfg, cfg, device, dist)
+    opt_g, opt_d = build_optimizers(nets, cfg)
+    step = 0
+    if state is not None:
+        nets.generator.load_state_dict(state["generator"])
+        nets.discriminator.load_state_dict(state["discriminator"])
+        opt_g.load_state_dict(state["opt_g"])
+        opt_d.load_state_dict(state["opt_d"])
+        restore_rng_state(state["rng"])
+        step = int(state["step"])
+    if step >= cfg.total_steps:
+        raise InputError(f"the checkpoint is at step {step}, already past the schedule's {cfg.total_steps} steps; raise --steps-joint")
+
+    train_items = len(source) - held if cfg.data != "synthetic" else len(source)
+    val = validation_batch(source, cfg.val_images, cfg.size, cfg.local_size, cfg.mask, cfg.hole_range(), cfg.seed)
+    val = tuple(t.to(device) for t in val)
+    end = min(cfg.total_steps, stop_after) if stop_after is not None else cfg.total_steps
+    sampler = StepBatchSampler(train_items, cfg.batch_size, cfg.seed, step, end, dist.rank, dist.world_size)
+    dataset = InpaintingDataset(source, cfg.size, cfg.local_size, cfg.mask, cfg.hole_range())
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=cfg.workers,
+                                         pin_memory=device.type == "cuda", persistent_workers=False)
+    if dist.is_main:
+        for sub in ("checkpoints", "samples"):
+            ensure_writable_dir(run_dir / sub)
+        atomic_write_text(run_dir / "config.toml", toml_text(cfg.to_dict()))
+        if not held and cfg.data != "synthetic":
+            log.warning("only %d image(s): validation uses training images (not held out)", len(source))
+
+    autocast = autocast_for(device, amp)
+    memory_format = torch.channels_last if use_channels_last(cfg, device) else torch.contiguous_format
+    result = TrainResult(run_dir, step, phase_at(step, cfg), None)
+    last_good = run_dir / "checkpoints" / "last.pt" if state is not None or step else None
+
+    def checkpoint(at_step: int) -> Path:
+        path = run_dir / "checkpoints" / "last.pt"
+        save_checkpoint(path, {
+            "model_config": model_cfg.to_dict(), "train_config": cfg.to_dict(),
+            "generator": nets.generator.state_dict(), "discriminator": nets.discriminator.state_dict(),
+            "opt_g": opt_g.state_dict(), "opt_d": opt_d.state_dict(),
+            "step": at_step, "phase": phase_at(max(at_step - 1, 0), cfg), "rng": rng_state(),
+            "metrics": result.history[-1] if result.history else {},
+        })
+        if cfg.keep_checkpoints:
+            keep = path.with_name(f"step_{at_step}.pt")
+            keep.unlink(missing_ok=True)
+            try:
+                os.link(path, keep)  # same bytes, no second write; last.pt is later replaced by rename
+            except OSError:
+                atomic_save(keep, lambda tmp: tmp.write_bytes(path.read_bytes()))
+        return path
+
+    stop = _StopFlag()
+    bar = _progress_bar(progress and dist.is_main, step, end)
+    nets.run_generator.train()
+    nets.run_pair.train()
+    tick, images = time.perf_counter(), 0
+    with stop.installed(), _metrics_writer(run_dir / "metrics.jsonl", dist.is_main) as write_metrics:
+        try:
+            for batch in loader:
+                phase = phase_at(step, cfg)
+                batch = (batch[0].to(device, non_blocking=True).contiguous(memory_format=memory_format),
+                         batch[1].to(device, non_blocking=True).contiguous(memory_format=memory_format), batch[2])
+                losses = train_step(phase, nets, opt_g, opt_d, batch, cfg, autocast)
+                values = {k: float(v) for k, v in losses.items()}
+                bad = [k for k, v in values.items() if not math.isfinite(v)]
+                if bad:
+                    where = f"{last_good} is the last good checkpoint" if last_good else "no checkpoint was written yet"
+                    raise TrainingError(f"non-finite {', '.join(bad)} at step {step + 1} ({PHASE_NAMES[phase]} phase); "
+                                        f"stopped: {where}. Try a lower --lr{' or no --amp' if amp else ''}.")
+                step += 1
+                images += batch[0].shape[0] * dist.world_size
+                if step % cfg.log_every == 0 or step == end:
+                    elapsed = time.perf_counter() - tick
+                    record = {"step": step, "phase": phase, **values, "images_per_s": images / max(elapsed, 1e-9)}
+                    tick, images = time.perf_counter(), 0
+                    result.history.append(record)
+                    write_metrics(record)
+                    bar.set_postfix_str(_postfix(record), refresh=False)
+                if dist.is_main and (step % cfg.sample_every == 0 or step == end):
+                    record = validate(nets.generator, val, step, phase, run_dir / "samples" / f"step_{step}.png")
+                    result.history.append(record)
+                    write_metrics(record)
+                if dist.is_main and (step % cfg.checkpoint_every == 0 or step == end):
+                    last_good = checkpoint(step)
+                bar.update(1)
+                if stop.requested:
+                    result.interrupted = True
+                    break
+        except (RuntimeError, KeyboardInterrupt) as e:
+            if not stop.requested and not isinstance(e, KeyboardInterrupt):
+                raise  # a real failure (DataLoader workers also die on Ctrl-C: that case is an interrupt)
+            result.interrupted = True
+        finally:
+            bar.close()
+        if result.interrupted and dist.is_main and step > result.step:
+            last_good = checkpoint(step)
+    dist.barrier()
+    dist.shutdown()
+    result.step, result.phase, result.last_checkpoint = step, phase_at(max(step - 1, 0), cfg), last_good
+    return result
+
+
+@torch.no_grad()
+def validate(generator: CompletionNetwork, val: tuple[Tensor, Tensor, Tensor], step: int, phase: str,
+             sample_path: Path) -> dict[str, Any]:
+    """Metrics on the fixed held-out batch, and a sample grid (masked | output | real)."""
+    was_training = generator.training
+    generator.eval()
+    real, mask, _ = val
+    out = generator(real, mask).float()
+    generator.train(was_training)
+    record = {
+        "step": step, "phase": phase,
+        "val_psnr": float(psnr(out, real).clamp(max=99).mean()), "val_psnr_hole": float(psnr(out, real, mask).clamp(max=99).mean()),
+        "val_ssim": float(ssim(out, real).mean()),
+        "val_l1": float(l1(out, real).mean()), "val_l1_hole": float(l1(out, real, mask).mean()),
+    }
+    masked = real * (1 - mask) + mask  # holes shown white
+    rows = torch.cat([masked, out, real], dim=3)  # N x 3 x H x 3W
+    grid = to_uint8(rows.permute(0, 2, 3, 1).reshape(-1, rows.shape[3], 3).cpu().numpy())
+    from PIL import Image
+
+    atomic_save(sample_path, lambda tmp: Image.fromarray(grid).save(tmp, format="PNG"))
+    return record
+
+
+@contextlib.contextmanager
+def _metrics_writer(path: Path, enabled: bool) -> Iterator[Any]:
+    if not enabled:
+        yield lambda record: None
+        return
+    with path.open("a", encoding="utf-8") as f:
+        def write(record: dict[str, Any]) -> None:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+        yield write
+
+
+def _progress_bar(enabled: bool, start: int, end: int) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=end, initial=start, disable=not enabled, unit="step", dynamic_ncols=True, leave=True)
+
+
+def _postfix(record: dict[str, Any]) -> str:
+    parts = [PHASE_NAMES[record["phase"]]]
+    parts += [f"{k.removeprefix('loss_')}={v:.4g}" for k, v in record.items() if k.startswith("loss_")]
+    parts.append(f"{record['images_per_s']:.1f} img/s")
+    return " ".join(parts)
