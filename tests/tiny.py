@@ -1,0 +1,45 @@
+"""Tiny configurations shared by the tests (2-core CPU budget)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from gantool.config import ModelConfig, TrainConfig
+from gantool.data import InpaintingDataset, StepBatchSampler, SyntheticSource
+from gantool.train import Networks, DiscriminatorPair, build_optimizers
+from gantool.networks import CompletionNetwork, ContextDiscriminator
+
+TINY_MODEL = dict(width=4, disc_width=2, disc_fc=8, size=32, local_size=16)
+
+
+def tiny_train_config(**changes) -> TrainConfig:
+    base = dict(TINY_MODEL, batch_size=4, steps_g=2, steps_d=2, steps_joint=4, workers=0,
+                log_every=1, sample_every=4, checkpoint_every=4, val_images=2)
+    base.update(changes)
+    return TrainConfig(**base)
+
+
+def tiny_networks(seed: int = 0, cfg: TrainConfig | None = None) -> Networks:
+    cfg = cfg or tiny_train_config()
+    torch.manual_seed(seed)
+    model_cfg = cfg.model_config()
+    g, d = CompletionNetwork(model_cfg), ContextDiscriminator(model_cfg)
+    return Networks(g, d, g, DiscriminatorPair(d))
+
+
+def tiny_batch(cfg: TrainConfig | None = None, step: int = 0, seed: int = 0):
+    cfg = cfg or tiny_train_config()
+    dataset = InpaintingDataset(SyntheticSource(seed=seed), cfg.size, cfg.local_size, cfg.mask, cfg.hole_range())
+    keys = StepBatchSampler(len(dataset), cfg.batch_size, seed, step, step + 1).batch_keys(step)
+    images, masks, corners = zip(*(dataset[k] for k in keys))
+    return torch.stack(images), torch.stack(masks), torch.stack(corners)
+
+
+def no_autocast():
+    return contextlib.nullcontext()
+
+
+__all__ = ["TINY_MODEL", "tiny_train_config", "tiny_networks", "tiny_batch", "no_autocast",
+           "build_optimizers", "ModelConfig"]
