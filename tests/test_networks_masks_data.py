@@ -1,0 +1,203 @@
+"""Networks, masks and the data pipeline."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from gantool.config import ModelConfig
+from gantool.data import ImageFolderSource, StepBatchSampler, SyntheticSource, random_crop_resize
+from gantool.errors import InputError
+from gantool.masks import box_mask, free_form_mask, generate_mask, hole_window
+from gantool.networks import (
+    CompletionNetwork,
+    ContextDiscriminator,
+    count_parameters,
+    fold_batchnorm,
+    num_downsamples,
+)
+from gantool.processing import image_to_array, read_image
+from tiny import TINY_MODEL
+
+
+def test_glcic_generator_has_the_paper_size():
+    generator = CompletionNetwork(ModelConfig())
+    convs = [m for m in generator.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d))]
+    assert len(convs) == 17
+    assert count_parameters(generator) == pytest.approx(6.07e6, rel=0.01)
+
+
+def test_discriminator_depth_follows_the_input_size():
+    assert [num_downsamples(s) for s in (96, 128, 160, 256)] == [5, 5, 5, 6]
+    d = ContextDiscriminator(ModelConfig(**TINY_MODEL))
+    logits = d(torch.rand(3, 3, 16, 16), torch.rand(3, 3, 32, 32))
+    assert logits.shape == (3,)
+
+
+@pytest.mark.parametrize("shape", [(1, 32, 32), (2, 20, 44), (3, 64, 36)])
+def test_generator_keeps_known_pixels_exactly_at_any_stride_multiple(shape):
+    n, h, w = shape
+    g = CompletionNetwork(ModelConfig(**TINY_MODEL)).eval()
+    image = torch.rand(n, 3, h, w)
+    mask = (torch.rand(n, 1, h, w) > 0.7).float()
+    with torch.no_grad():
+        out = g(image, mask)
+    assert out.shape == image.shape
+    keep = mask.expand_as(image) == 0
+    assert torch.equal(out[keep], image[keep])
+    assert out.min() >= 0 and out.max() <= 1
+
+
+def test_fold_batchnorm_matches_unfolded_with_trained_statistics():
+    g = CompletionNetwork(ModelConfig(**TINY_MODEL))
+    g.train()
+    with torch.no_grad():
+        for _ in range(3):  # move BN running statistics away from their defaults
+            g(torch.rand(4, 3, 32, 32), (torch.rand(4, 1, 32, 32) > 0.5).float())
+    g.eval()
+    folded = fold_batchnorm(g)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in folded.modules())
+    image, mask = torch.rand(2, 3, 24, 40), torch.ones(2, 1, 24, 40)
+    with torch.no_grad():
+        torch.testing.assert_close(folded(image, mask), g(image, mask), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["box", "free", "mixed"])
+def test_masks_are_seeded_binary_and_inside_the_local_window(kind):
+    for seed in range(20):
+        mask, (top, left) = generate_mask(kind, np.random.default_rng(seed), (48, 64), 24)
+        again, corner = generate_mask(kind, np.random.default_rng(seed), (48, 64), 24)
+        assert np.array_equal(mask, again) and corner == (top, left)
+        assert set(np.unique(mask)) <= {0.0, 1.0} and mask.sum() > 0
+        assert mask[top : top + 24, left : left + 24].sum() == mask.sum()
+        assert 0 <= top <= 48 - 24 and 0 <= left <= 64 - 24
+
+
+def test_box_mask_sides_stay_in_the_requested_range():
+    for seed in range(30):
+        mask, _ = box_mask(np.random.default_rng(seed), 96, 48, (10, 20))
+        ys, xs = np.nonzero(mask)
+        assert 10 <= ys.max() - ys.min() + 1 <= 20 and 10 <= xs.max() - xs.min() + 1 <= 20
+
+
+def test_free_form_masks_vary_and_mixed_uses_both():
+    areas = {free_form_mask(np.random.default_rng(s), 64, 32)[0].sum() for s in range(10)}
+    assert len(areas) > 5
+    kinds = set()
+    for s in range(30):
+        m, _ = generate_mask("mixed", np.random.default_rng(s), 64, 32)
+        ys, xs = np.nonzero(m)
+        kinds.add(m.sum() == (ys.max() - ys.min() + 1) * (xs.max() - xs.min() + 1))
+    assert kinds == {True, False}
+
+
+def test_hole_window_contains_a_centered_hole():
+    mask = np.zeros((100, 100), np.float32)
+    mask[40:50, 60:70] = 1
+    top, left = hole_window(mask, 32)
+    assert mask[top : top + 32, left : left + 32].sum() == mask.sum()
+
+
+# ---------------------------------------------------------------------------------- data
+
+
+def save_modes(folder) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    rgb = Image.new("RGB", (40, 30), (200, 50, 10))
+    rgb.convert("L").save(folder / "gray.png")
+    rgb.convert("LA").save(folder / "gray_alpha.png")
+    rgb.convert("P").save(folder / "palette.bmp")
+    rgb.convert("RGBA").save(folder / "rgba.webp")
+    rgb.convert("CMYK").save(folder / "cmyk.jpg")
+    rgb.save(folder / "plain.tif")
+    Image.fromarray(np.full((30, 40), 65535, np.uint16)).save(folder / "deep16.png")
+
+
+def test_every_mode_becomes_rgb_in_unit_range(tmp_path):
+    save_modes(tmp_path / "sub")
+    source = ImageFolderSource(tmp_path)
+    assert len(source) == 7 and source.skipped == []
+    rng = np.random.default_rng(0)
+    for i in range(len(source)):
+        arr = source.load(i, 24, rng)
+        assert arr.shape == (3, 24, 24) and arr.dtype == np.float32
+        assert 0.0 <= arr.min() and arr.max() <= 1.0
+    deep = image_to_array(Image.open(tmp_path / "sub" / "deep16.png"))
+    assert deep.max() == pytest.approx(1.0)  # 16-bit white is white, not clipped garbage
+
+
+def test_exif_orientation_is_applied(tmp_path):
+    img = Image.new("RGB", (40, 20), (255, 0, 0))
+    exif = img.getexif()
+    exif[0x0112] = 6  # rotate 90 degrees when displayed
+    img.save(tmp_path / "rotated.jpg", exif=exif)
+    assert read_image(tmp_path / "rotated.jpg").size == (20, 40)
+
+
+def test_unreadable_files_are_skipped_and_counted(tmp_path):
+    save_modes(tmp_path)
+    (tmp_path / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n garbage")
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    source = ImageFolderSource(tmp_path)
+    assert len(source) == 7 and sorted(p.name for p in source.skipped) == ["corrupt.png", "empty.jpg"]
+
+
+def test_truncated_image_is_replaced_by_the_next_one(tmp_path, caplog):
+    noise = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(tmp_path / "a.jpg")
+    Image.new("RGB", (64, 64), (0, 0, 255)).save(tmp_path / "b.png")
+    data = (tmp_path / "a.jpg").read_bytes()
+    (tmp_path / "a.jpg").write_bytes(data[: len(data) // 2])  # header intact, data truncated
+    source = ImageFolderSource(tmp_path)
+    assert len(source) == 2  # passes the cheap scan; fails only when decoded
+    arr = source.load(0, 32, np.random.default_rng(0))
+    assert arr[2].mean() == pytest.approx(1.0)  # the blue image stood in
+    assert any("unreadable" in r.message for r in caplog.records)
+
+
+@pytest.mark.parametrize("setup, fragment", [
+    (lambda p: None, "not found"),
+    (lambda p: p.mkdir(), "no image files"),
+    (lambda p: (p.mkdir(), (p / "x.png").write_text("nope")), "none readable"),
+    (lambda p: p.write_text("file"), "got a file"),
+])
+def test_unusable_data_folders_are_clear_errors(tmp_path, setup, fragment):
+    path = tmp_path / "data"
+    setup(path)
+    with pytest.raises(InputError, match=fragment):
+        ImageFolderSource(path)
+
+
+def test_random_crop_resize_is_seeded():
+    img = Image.fromarray(np.random.default_rng(0).integers(0, 255, (50, 70, 3), dtype=np.uint8))
+    a = random_crop_resize(img, 32, np.random.default_rng(5))
+    b = random_crop_resize(img, 32, np.random.default_rng(5))
+    assert a.shape == (3, 32, 32) and np.array_equal(a, b)
+
+
+def test_synthetic_images_are_deterministic_and_varied():
+    source = SyntheticSource(seed=3)
+    a = source.load(4, 32, np.random.default_rng(1))
+    b = source.load(4, 32, np.random.default_rng(1))
+    c = source.load(5, 32, np.random.default_rng(1))
+    assert np.array_equal(a, b) and not np.array_equal(a, c) and a.std() > 0.02
+
+
+def test_batch_sampler_covers_each_epoch_and_splits_ranks():
+    sampler = StepBatchSampler(10, 5, seed=1, start_step=0, end_step=4)
+    batches = list(sampler)
+    epoch0 = [i for b in batches[:2] for i, _ in b]
+    assert sorted(epoch0) == list(range(10))
+    seeds = [s for b in batches for _, s in b]
+    assert len(set(seeds)) == len(seeds)
+    # resuming at step 2 yields the same batches as the straight run
+    assert list(StepBatchSampler(10, 5, 1, 2, 4)) == batches[2:]
+    # two ranks together see exactly the global batch
+    ranks = [StepBatchSampler(10, 4, 1, 0, 3, rank=r, world_size=2) for r in (0, 1)]
+    single = StepBatchSampler(10, 4, 1, 0, 3)
+    for step in range(3):
+        assert ranks[0].batch_keys(step) + ranks[1].batch_keys(step) == single.batch_keys(step)
+    with pytest.raises(InputError, match="divisible"):
+        StepBatchSampler(10, 5, 1, 0, 3, rank=0, world_size=2)
