@@ -1,0 +1,80 @@
+"""Shared test fixtures: tiny model configs, generators and checkpoints, and a
+subprocess environment that can import gantool from the source tree.
+
+Everything is CPU-sized (width 4, 32 px images) so tests stay quick on 2 cores.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from gantool.checkpoint import save_checkpoint
+from gantool.config import ModelConfig
+from gantool.networks import CompletionNetwork
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TOOLKIT = REPO_ROOT / "toolkit"
+
+TINY_CONFIG = ModelConfig(width=4, disc_width=2, disc_fc=8, size=32, local_size=16)
+
+
+def random_generator(config: ModelConfig = TINY_CONFIG, seed: int = 0) -> CompletionNetwork:
+    """Fresh random weights; BatchNorm statistics still at their defaults."""
+    torch.manual_seed(seed)
+    return CompletionNetwork(config).eval()
+
+
+def briefly_trained_generator(config: ModelConfig = TINY_CONFIG, seed: int = 0, steps: int = 4) -> CompletionNetwork:
+    """A few optimizer steps and train-mode passes on random data, so weights and
+    BatchNorm running statistics are far from their initial values."""
+    generator = random_generator(config, seed)
+    optimizer = torch.optim.Adam(generator.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(seed)
+    size = config.size
+    generator.train()
+    for _ in range(steps):
+        image = torch.rand(4, 3, size, size, generator=gen) * 0.6 + 0.3
+        mask = torch.zeros(4, 1, size, size)
+        mask[..., size // 4 : size // 2 + 4, size // 3 : size // 2 + 6] = 1.0
+        loss = ((generator(image, mask) - image) ** 2 * mask).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return generator.eval()
+
+
+def write_checkpoint(path: Path, generator: CompletionNetwork, step: int = 0, phase: str = "g", **extra) -> Path:
+    state = {"model_config": generator.config.to_dict(), "generator": generator.state_dict(), "step": step, "phase": phase}
+    state.update(extra)
+    return save_checkpoint(path, state)
+
+
+@pytest.fixture
+def tiny_config() -> ModelConfig:
+    return TINY_CONFIG
+
+
+@pytest.fixture(scope="session")
+def checkpoint_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``checkpoint_factory(kind="random"|"trained", seed=0, **extra) -> Path``,
+    a checkpoint of a tiny generator in a fresh runs/<name>/checkpoints/ folder."""
+
+    def make(kind: str = "random", seed: int = 0, **extra) -> Path:
+        build = {"random": random_generator, "trained": briefly_trained_generator}[kind]
+        run = tmp_path_factory.mktemp(f"run_{kind}")
+        return write_checkpoint(run / "checkpoints" / "last.pt", build(TINY_CONFIG, seed), **extra)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def subprocess_env() -> dict[str, str]:
+    """Environment for ``[sys.executable, "-m", "gantool", ...]`` from the source tree."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TOOLKIT), env.get("PYTHONPATH", "")) if p)
+    return env

@@ -1,0 +1,230 @@
+"""The export parity sweep as parametrized tests.
+
+Tiny generators (random weights, and briefly trained ones whose BatchNorm
+statistics moved) are exported once per module; every backend is then compared
+with eager PyTorch on every case of :func:`gantool.parity.default_cases`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO_ROOT, TINY_CONFIG, briefly_trained_generator, random_generator
+from gantool.checkpoint import generator_from_checkpoint, load_checkpoint, load_generator_weights, weights_sha256
+from gantool.config import ModelConfig
+from gantool.errors import ProviderError
+from gantool.export import HalfPrecisionGenerator, export_generator, read_model_metadata
+from gantool.networks import fold_batchnorm
+from gantool.parity import (
+    BackendSpec,
+    ParityCase,
+    case_inputs,
+    compare,
+    cuda_worth_trying,
+    default_cases,
+    failures,
+    onnx_session,
+    onnxruntime_backend,
+    parity_sweep,
+    psnr_uint8,
+    torch_backend,
+)
+
+ATOL = 1e-4
+MIN_PSNR = 40.0
+CASES = default_cases(TINY_CONFIG)
+CASE_IDS = [c.label.replace(" ", "-") for c in CASES]
+FP32_BACKENDS = ("eager-folded", "torchscript", "onnxruntime-cpu")
+FP16_BACKENDS = ("eager-fp16", "onnxruntime-cpu-fp16")
+SHIPPED_ONNX = REPO_ROOT / "models" / "generator.onnx"
+
+# The tests load TorchScript files themselves; torch 2.13 flags torch.jit as deprecated.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
+
+
+@pytest.fixture(scope="module", params=["random", "trained"])
+def exported(request, checkpoint_factory, tmp_path_factory) -> SimpleNamespace:
+    """One export (fp32 + fp16 ONNX, TorchScript) per model kind, shared by the module."""
+    checkpoint = checkpoint_factory(request.param, seed=1)
+    result = export_generator(checkpoint, tmp_path_factory.mktemp(f"export_{request.param}"), fp16=True, verify=False)
+    generator = generator_from_checkpoint(load_checkpoint(checkpoint))
+    folded = fold_batchnorm(generator)
+    backends = {
+        "eager-folded": torch_backend(folded),
+        "torchscript": torch_backend(torch.jit.load(str(result.paths["torchscript"]))),
+        "onnxruntime-cpu": onnxruntime_backend(onnx_session(result.paths["onnx"])),
+        "eager-fp16": torch_backend(HalfPrecisionGenerator(folded).eval()),
+        "onnxruntime-cpu-fp16": onnxruntime_backend(onnx_session(result.paths["onnx_fp16"])),
+    }
+    return SimpleNamespace(
+        kind=request.param, generator=generator, reference=torch_backend(generator), backends=backends, result=result
+    )
+
+
+def _run_case(exported: SimpleNamespace, backend: str, case: ParityCase):
+    image, mask = case_inputs(case, TINY_CONFIG.local_size)
+    output = exported.backends[backend](image, mask)
+    return image, mask, output, compare(output, exported.reference(image, mask), image, mask)
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("backend", FP32_BACKENDS)
+def test_fp32_backend_matches_eager(exported, backend, case):
+    image, mask, output, result = _run_case(exported, backend, case)
+    assert "error" not in result, result
+    assert result["known_exact"], "known pixels must equal the input bitwise"
+    assert result["max_abs"] <= ATOL and result["max_abs_hole"] <= ATOL, result
+    hole = np.broadcast_to(mask > 0.5, image.shape)
+    if hole.any():  # the network really filled the hole (not a pass-through)
+        assert np.any(output[hole] != image[hole])
+    else:
+        assert np.array_equal(output, image)
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("backend", FP16_BACKENDS)
+def test_fp16_backend_close_to_eager(exported, backend, case):
+    _, _, output, result = _run_case(exported, backend, case)
+    assert "error" not in result, result
+    assert output.dtype == np.float32  # fp16 inside, float32 at the boundary
+    assert result["known_exact"], "the composite runs in float32 after the body: known pixels stay exact"
+    assert result["psnr_uint8"] >= MIN_PSNR, result
+
+
+def test_trained_generator_has_moved_batchnorm_statistics():
+    trained, fresh = briefly_trained_generator(TINY_CONFIG, seed=1), random_generator(TINY_CONFIG, seed=1)
+    bn = trained.body[1][1]
+    assert bn.running_mean.abs().max() > 1e-2
+    assert (bn.running_var - 1).abs().max() > 1e-2
+    assert not torch.equal(trained.body[0][0].weight, fresh.body[0][0].weight)
+
+
+def test_onnx_has_dynamic_batch_and_size(exported):
+    import onnx
+
+    model = onnx.load(str(exported.result.paths["onnx"]))
+    for value in [*model.graph.input, *model.graph.output]:
+        dims = value.type.tensor_type.shape.dim
+        assert [d.dim_param != "" for d in dims] == [True, False, True, True], value.name
+        assert value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+
+
+def test_onnxruntime_cuda_parity(exported):
+    if not cuda_worth_trying():
+        pytest.skip("no CUDA device: torch.cuda.is_available() is False and no GPU driver for ONNX Runtime")
+    try:
+        fp32 = onnx_session(exported.result.paths["onnx"], cuda=True)
+        fp16 = onnx_session(exported.result.paths["onnx_fp16"], cuda=True)
+    except ProviderError as e:
+        pytest.skip(str(e))
+    backends = [
+        BackendSpec("onnxruntime-cuda", onnxruntime_backend(fp32)),
+        BackendSpec("onnxruntime-cuda-fp16", onnxruntime_backend(fp16), "fp16"),
+    ]
+    report = parity_sweep(exported.reference, backends, CASES, TINY_CONFIG.local_size, ATOL, MIN_PSNR)
+    assert report["passed"], failures(report)
+
+
+# --------------------------------------------------- the sweep notices broken backends
+
+
+@pytest.fixture(scope="module")
+def eager_reference():
+    return torch_backend(briefly_trained_generator(TINY_CONFIG, seed=2))
+
+
+def _sweep(reference, run, precision="fp32"):
+    cases = [ParityCase(1, 32, 32, "box"), ParityCase(2, 12, 20, "full")]
+    return parity_sweep(reference, [BackendSpec("suspect", run, precision)], cases, TINY_CONFIG.local_size, ATOL, MIN_PSNR)
+
+
+def test_sweep_passes_the_reference_itself(eager_reference):
+    report = _sweep(eager_reference, eager_reference)
+    assert report["passed"] and report["backends"]["suspect"]["max_abs"] == 0.0
+
+
+def test_sweep_fails_an_error_above_atol_in_the_hole(eager_reference):
+    def drifting(image, mask):
+        return eager_reference(image, mask) + (1e-3 * mask).astype(np.float32)
+
+    report = _sweep(eager_reference, drifting)
+    assert not report["passed"]
+    assert report["backends"]["suspect"]["max_abs_hole"] == pytest.approx(1e-3, rel=1e-3)
+    assert "max abs error" in failures(report)[0]
+
+
+def test_sweep_fails_a_changed_known_pixel(eager_reference):
+    def leaky(image, mask):
+        out = eager_reference(image, mask).copy()
+        known = np.argwhere(np.broadcast_to(mask, out.shape) < 0.5)
+        if len(known):
+            n, c, y, x = known[0]
+            out[n, c, y, x] = np.nextafter(out[n, c, y, x], np.float32(2))  # one ulp
+        return out
+
+    report = _sweep(eager_reference, leaky)
+    suspect = report["backends"]["suspect"]
+    assert not suspect["known_exact"] and not report["passed"]
+    assert "known pixels changed" in failures(report)[0]
+
+
+def test_sweep_reports_a_crashing_backend_and_wrong_shapes(eager_reference):
+    def crashing(image, mask):
+        raise RuntimeError("kernel exploded\nsecond line")
+
+    report = _sweep(eager_reference, crashing)
+    assert report["backends"]["suspect"]["errors"] == ["RuntimeError: kernel exploded"]
+    report = _sweep(eager_reference, lambda image, mask: eager_reference(image, mask)[:, :, :-4])
+    assert "expected float32" in report["backends"]["suspect"]["errors"][0]
+
+
+def test_fp16_gate_is_psnr(eager_reference):
+    rng = np.random.default_rng(0)
+
+    def noisy(image, mask):
+        out = eager_reference(image, mask)
+        return np.where(mask > 0.5, np.clip(out + rng.normal(0, 0.05, out.shape), 0, 1), image).astype(np.float32)
+
+    report = _sweep(eager_reference, noisy, precision="fp16")
+    assert not report["passed"] and "PSNR" in failures(report)[0]
+    report = _sweep(eager_reference, lambda i, m: eager_reference(i, m) + (1e-3 * m).astype(np.float32), "fp16")
+    assert report["passed"]  # 1e-3 fails fp32's atol but is far above 40 dB
+
+
+def test_psnr_uint8():
+    a = np.full((1, 3, 4, 4), 100 / 255, np.float32)
+    assert psnr_uint8(a, a) == float("inf")
+    assert psnr_uint8(np.full_like(a, 101 / 255), a) == pytest.approx(10 * np.log10(255**2), abs=1e-6)
+    assert psnr_uint8(np.full_like(a, np.nan), a) == 0.0
+
+
+def test_default_cases_cover_the_contract():
+    cases = default_cases(ModelConfig(size=64, local_size=32))
+    assert {c.batch for c in cases} >= {1, 3}
+    assert {c.mask for c in cases} == {"box", "free", "empty", "full"}
+    assert any(c.height != c.width for c in cases) and any(c.height < 16 for c in cases)
+    assert all(c.height % 4 == 0 and c.width % 4 == 0 for c in cases)
+    assert any((c.height, c.width) == (64, 64) for c in cases) and any(c.height > 64 for c in cases)
+
+
+# ------------------------------------------------------------------ the shipped model
+
+
+@pytest.mark.skipif(not SHIPPED_ONNX.exists(), reason="models/generator.onnx is not shipped yet")
+def test_shipped_model_matches_its_weights():
+    weights = SHIPPED_ONNX.with_name("generator.safetensors")
+    if not weights.exists():
+        pytest.skip("models/generator.safetensors (the eager weights) is missing")
+    meta = read_model_metadata(SHIPPED_ONNX)
+    generator, _ = load_generator_weights(weights)
+    assert meta["gantool.weights_sha256"] == weights_sha256(generator.state_dict())
+    s = generator.config.size
+    cases = [ParityCase(1, s, s, "box"), ParityCase(1, s + 8, s - 4, "free"), ParityCase(2, 16, 24, "full")]
+    backend = BackendSpec("onnxruntime-cpu", onnxruntime_backend(onnx_session(SHIPPED_ONNX)))
+    report = parity_sweep(torch_backend(generator), [backend], cases, generator.config.local_size, ATOL)
+    assert report["passed"], failures(report)

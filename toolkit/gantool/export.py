@@ -1,0 +1,483 @@
+"""Export a trained generator to ONNX and TorchScript, with parity proven at export.
+
+What is exported: the generator in eval mode with BatchNorm folded into the
+convolutions, the composite inside the graph. Inputs ``image`` (N x 3 x H x W)
+and ``mask`` (N x 1 x H x W, 1 = hole), output ``inpainted``; N, H and W are
+dynamic (H and W multiples of 4). Every file carries the same metadata
+(:func:`build_metadata`), which :func:`read_model_metadata` reads back.
+
+All outputs of one export are written to temp files and renamed into place only
+after every format exported and (unless ``verify=False``) passed the parity
+sweep, so a failed export leaves nothing new behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import datetime
+import json
+import logging
+import time
+import warnings
+import zipfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from gantool import __version__
+from gantool.checkpoint import (
+    generator_from_checkpoint,
+    load_checkpoint,
+    model_config_of,
+    save_generator_weights,
+    weights_sha256,
+)
+from gantool.errors import CheckpointError, InputError, ModelError
+from gantool.fileio import atomic_path, atomic_write_text, ensure_writable_dir
+from gantool.networks import CompletionNetwork, fold_batchnorm
+from gantool.parity import (
+    BackendSpec,
+    ParityCase,
+    cuda_worth_trying,
+    default_cases,
+    failures,
+    onnx_session,
+    onnxruntime_backend,
+    parity_sweep,
+    report_to_json,
+    torch_backend,
+)
+from gantool.processing import processing_contract
+
+logger = logging.getLogger(__name__)
+
+METADATA_FILE = "gantool_metadata.json"  # TorchScript _extra_files entry
+FP16_ONNX_NAME = "generator_fp16.onnx"
+WEIGHTS_NAME = "generator.safetensors"
+REPORT_NAME = "export_report.json"
+MIN_FP16_PSNR = 40.0
+INPUT_NAMES, OUTPUT_NAMES = ["image", "mask"], ["inpainted"]
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    filename: str
+    options: frozenset[str]  # export options that apply to this format
+
+
+# The formats and which options each accepts: checked in one place, not scattered ifs.
+FORMATS: dict[str, ExportFormat] = {
+    "onnx": ExportFormat("generator.onnx", frozenset({"opset", "fp16"})),
+    "torchscript": ExportFormat("generator.torchscript.pt", frozenset()),
+}
+
+
+@dataclass
+class ExportResult:
+    checkpoint: Path
+    out_dir: Path
+    paths: dict[str, Path]  # onnx, onnx_fp16, torchscript, safetensors, report
+    sizes: dict[str, int]  # bytes per path key (the report excluded)
+    metadata: dict[str, str]
+    report: dict[str, Any] | None  # parity report; None with verify=False
+    notes: list[str] = field(default_factory=list)
+
+
+class ParityError(ModelError):
+    """The exported model does not match eager PyTorch; ``report`` has the details."""
+
+    def __init__(self, message: str, report: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+# ------------------------------------------------------------------ where things are
+
+
+def find_latest_checkpoint(root: str | Path = "runs") -> Path:
+    """The newest ``<root>/*/checkpoints/last.pt`` by modification time."""
+    candidates = [p for p in Path(root).glob("*/checkpoints/last.pt") if p.is_file()]
+    if not candidates:
+        raise CheckpointError(f"no checkpoint found under {root}/*/checkpoints/last.pt; pass one explicitly")
+    return max(candidates, key=lambda p: p.stat().st_mtime)
+
+
+def default_output_dir(checkpoint: str | Path) -> Path:
+    """``<run>/export`` for ``<run>/checkpoints/x.pt``, else ``export`` beside the file."""
+    folder = Path(checkpoint).resolve().parent
+    return (folder.parent if folder.name == "checkpoints" else folder) / "export"
+
+
+# --------------------------------------------------------------------------- metadata
+
+
+def build_metadata(state: dict[str, Any], source: str = "", precision: str = "fp32") -> dict[str, str]:
+    """The metadata contract shared by every exported file (string keys and values)."""
+    config = model_config_of(state)
+    return {
+        "gantool.version": __version__,
+        "gantool.model_config": json.dumps(config.to_dict()),
+        "gantool.processing": json.dumps(processing_contract(config)),
+        "gantool.train_step": str(int(state.get("step", 0))),
+        "gantool.train_phase": str(state.get("phase", "")),
+        "gantool.weights_sha256": weights_sha256(state["generator"]),
+        "gantool.precision": precision,
+        "gantool.source": source,
+        "gantool.exported_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gantool.torch_version": torch.__version__,
+    }
+
+
+def read_model_metadata(path: str | Path) -> dict[str, str]:
+    """The gantool metadata of a .onnx, TorchScript (.pt) or .safetensors file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(f"model file not found: {path}")
+    if path.suffix == ".onnx":
+        meta = _onnx_metadata(path)
+    elif path.suffix == ".safetensors":
+        meta = _safetensors_metadata(path)
+    elif zipfile.is_zipfile(path):
+        meta = _torchscript_metadata(path)
+    else:
+        raise ModelError(f"{path} is not an ONNX, TorchScript or safetensors model")
+    if not any(key.startswith("gantool.") for key in meta):
+        raise ModelError(f"{path} carries no gantool metadata (not exported by gantool)")
+    return meta
+
+
+def _onnx_metadata(path: Path) -> dict[str, str]:
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # protobuf raises its own DecodeError for corrupt files
+        raise ModelError(f"{path} is not a readable ONNX model ({_first_line(e)})") from None
+    return {prop.key: prop.value for prop in model.metadata_props}
+
+
+def _safetensors_metadata(path: Path) -> dict[str, str]:
+    import safetensors
+
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except Exception as e:  # safetensors raises its own error types for corrupt headers
+        raise ModelError(f"{path} is not a readable safetensors file ({_first_line(e)})") from None
+
+
+def _torchscript_metadata(path: Path) -> dict[str, str]:
+    # Read the zip entry directly: no need to load (and run the code of) the module.
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = [n for n in archive.namelist() if n.endswith(f"/extra/{METADATA_FILE}")]
+            if not names:
+                raise ModelError(f"{path} carries no gantool metadata (not a gantool TorchScript export)")
+            return dict(json.loads(archive.read(names[0])))
+    except (zipfile.BadZipFile, json.JSONDecodeError, TypeError, ValueError, OSError) as e:
+        raise ModelError(f"{path} is not a readable TorchScript file ({_first_line(e)})") from None
+
+
+def describe_file(path: str | Path) -> dict[str, Any]:
+    """What ``gantool info`` shows: metadata of a model, or a checkpoint's summary."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"file not found: {path}")
+    kind = "checkpoint"  # anything else goes to load_checkpoint, which explains what is wrong
+    if path.suffix in (".onnx", ".safetensors"):
+        kind = path.suffix[1:]
+    elif path.is_file() and zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            if any("/code/" in name or "/extra/" in name for name in archive.namelist()):
+                kind = "torchscript"
+    if kind != "checkpoint":
+        meta = read_model_metadata(path)
+        return {"file": str(path), "kind": kind, "bytes": path.stat().st_size, "metadata": _decode_json_values(meta)}
+    state = load_checkpoint(path)
+    train = state.get("train_config") or {}
+    summary_keys = ("data", "size", "batch_size", "steps_g", "steps_d", "steps_joint", "lr", "mask", "seed")
+    return {
+        "file": str(path),
+        "kind": "checkpoint",
+        "bytes": path.stat().st_size,
+        "gantool_version": state.get("gantool_version"),
+        "step": int(state["step"]),
+        "phase": state["phase"],
+        "model_config": state["model_config"],
+        "train_config": {k: train[k] for k in summary_keys if k in train},
+        "metrics": state.get("metrics") or {},
+        "weights_sha256": weights_sha256(state["generator"]),
+    }
+
+
+def _decode_json_values(meta: dict[str, str]) -> dict[str, Any]:
+    decoded: dict[str, Any] = {}
+    for key, value in meta.items():
+        try:
+            decoded[key] = json.loads(value) if value[:1] in "{[" else value
+        except json.JSONDecodeError:
+            decoded[key] = value
+    return decoded
+
+
+# -------------------------------------------------------------------------- exporting
+
+
+class HalfPrecisionGenerator(nn.Module):
+    """The folded generator with an fp16 body and float32 inputs and outputs.
+
+    The composite runs in float32 after the cast back, so known pixels stay exact.
+    """
+
+    def __init__(self, folded: CompletionNetwork) -> None:
+        super().__init__()
+        self.body = copy.deepcopy(folded.body).half()
+        self.register_buffer("fill", folded.fill.detach().clone().float())
+
+    def forward(self, image: Tensor, mask: Tensor) -> Tensor:
+        known = 1.0 - mask
+        filled = image * known + self.fill * mask
+        out = self.body(torch.cat([filled, mask], dim=1).half()).float()
+        return image * known + out * mask
+
+
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """Silence the exporter's warnings and log chatter locally, unless debugging."""
+    if logger.isEnabledFor(logging.DEBUG):
+        yield
+        return
+    torch_onnx_logger = logging.getLogger("torch.onnx")
+    old_level = torch_onnx_logger.level
+    torch_onnx_logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            for category in (UserWarning, FutureWarning, DeprecationWarning):
+                warnings.simplefilter("ignore", category)
+            yield
+    finally:
+        torch_onnx_logger.setLevel(old_level)
+
+
+def _example_inputs(size: int) -> tuple[Tensor, Tensor]:
+    # Batch 2 so the exporter cannot specialize N to 1; a box hole in the middle.
+    image = torch.rand(2, 3, size, size, generator=torch.Generator().manual_seed(0))
+    mask = torch.zeros(2, 1, size, size)
+    mask[..., size // 4 : size // 2, size // 4 : size // 2] = 1.0
+    return image, mask
+
+
+def _dynamic_shapes() -> dict[str, dict[int, Any]]:
+    # H and W as 4 * Dim: the two stride-2 stages need multiples of 4.
+    batch = torch.export.Dim("batch", min=1)
+    height, width = torch.export.Dim("height_div4", min=1), torch.export.Dim("width_div4", min=1)
+    axes = {0: batch, 2: 4 * height, 3: 4 * width}
+    return {"image": axes, "mask": dict(axes)}
+
+
+def export_onnx(
+    module: nn.Module, example: tuple[Tensor, Tensor], path: Path, metadata: dict[str, str], opset: int | None = None
+) -> None:
+    """torch.onnx (dynamo) export, metadata added, onnx.checker (full), one self-contained file."""
+    import onnx
+
+    try:
+        with _quiet_exporter(), torch.no_grad():
+            program = torch.onnx.export(
+                module, example, dynamo=True, dynamic_shapes=_dynamic_shapes(), input_names=INPUT_NAMES,
+                output_names=OUTPUT_NAMES, opset_version=opset, verbose=False,
+            )  # fmt: skip
+        model = program.model_proto
+    except Exception as e:  # the exporter raises many types; the user needs one line
+        logger.debug("ONNX export failed", exc_info=True)
+        raise ModelError(f"ONNX export failed: {_first_line(e)}") from None
+    got = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is not None and got != opset:
+        raise ModelError(f"ONNX export could not target opset {opset} (the exporter produced opset {got})")
+    kept = [p for p in model.metadata_props if p.key not in metadata]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    for key, value in metadata.items():
+        model.metadata_props.add(key=key, value=value)
+    model.doc_string = "gantool GLCIC generator: image + mask (1 = hole) -> inpainted, composited in-graph"
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except Exception as e:  # ValidationError or shape-inference errors
+        raise ModelError(f"exported ONNX model fails onnx.checker: {_first_line(e)}") from None
+    # Weights inside the one file: a separate .onnx.data is easily lost when copying.
+    onnx.save_model(model, str(path), save_as_external_data=False)
+
+
+def export_torchscript(
+    folded: nn.Module, example: tuple[Tensor, Tensor], path: Path, metadata: dict[str, str], size: int
+) -> None:
+    """torch.jit.trace, checked by the tracer on other shapes, metadata in _extra_files."""
+    other_shapes = [(1, size + 8, size - 4), (3, 8, 12)]
+    check_inputs = [(torch.rand(n, 3, h, w), (torch.rand(n, 1, h, w) > 0.5).float()) for n, h, w in other_shapes]
+    try:
+        with _quiet_exporter(), torch.no_grad():
+            traced = torch.jit.trace(folded, example, check_inputs=check_inputs)
+            torch.jit.save(traced, str(path), _extra_files={METADATA_FILE: json.dumps(metadata)})
+    except Exception as e:  # TracingCheckError and friends
+        logger.debug("TorchScript export failed", exc_info=True)
+        raise ModelError(f"TorchScript export failed: {_first_line(e)}") from None
+
+
+def check_options(formats: Sequence[str], opset: int | None, fp16: bool, atol: float) -> tuple[str, ...]:
+    """Validate formats and their options against :data:`FORMATS`."""
+    formats = tuple(dict.fromkeys(formats))
+    if not formats:
+        raise InputError("no export format selected")
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown:
+        raise InputError(f"unknown export format {unknown[0]!r}; choose from {', '.join(FORMATS)}")
+    for option, used in (("opset", opset is not None), ("fp16", fp16)):
+        allowed = [name for name, spec in FORMATS.items() if option in spec.options]
+        if used and not any(f in allowed for f in formats):
+            raise InputError(f"--{option} applies only to {' or '.join(allowed)} export")
+    if opset is not None and not 18 <= opset <= _max_opset():
+        raise InputError(f"--opset must be between 18 and {_max_opset()}, got {opset}")
+    if not atol > 0:
+        raise InputError(f"--atol must be positive, got {atol}")
+    return formats
+
+
+def _max_opset() -> int:
+    import onnx
+
+    return onnx.defs.onnx_opset_version()
+
+
+def export_generator(
+    checkpoint_path: str | Path,
+    out_dir: str | Path | None = None,
+    formats: Sequence[str] = ("onnx", "torchscript"),
+    opset: int | None = None,
+    fp16: bool = False,
+    verify: bool = True,
+    atol: float = 1e-4,
+    overwrite: bool = False,
+    cuda: bool | None = None,
+    cases: Sequence[ParityCase] | None = None,
+) -> ExportResult:
+    """Export the generator of ``checkpoint_path`` and prove parity with eager PyTorch.
+
+    ``cuda=None`` checks ONNX Runtime's CUDA provider too when a GPU is plausibly
+    there; ``cases`` overrides the parity sweep (default :func:`default_cases`).
+    Raises ParityError (a ModelError) when a backend fails; nothing is written then.
+    """
+    formats = check_options(formats, opset, fp16, atol)
+    checkpoint_path = Path(checkpoint_path)
+    state = load_checkpoint(checkpoint_path)
+    generator = generator_from_checkpoint(state)
+    size = generator.config.size
+    out_dir = ensure_writable_dir(Path(out_dir) if out_dir is not None else default_output_dir(checkpoint_path))
+    targets = {name: out_dir / FORMATS[name].filename for name in formats}
+    if fp16:
+        targets["onnx_fp16"] = out_dir / FP16_ONNX_NAME
+    targets.update(safetensors=out_dir / WEIGHTS_NAME, report=out_dir / REPORT_NAME)
+    existing = [str(p) for p in targets.values() if p.exists()]
+    if existing and not overwrite:
+        raise InputError(f"refusing to overwrite {', '.join(existing)} (use --overwrite)")
+
+    metadata = build_metadata(state, source=checkpoint_path.name)
+    folded = fold_batchnorm(generator)
+    example = _example_inputs(size)
+    with torch.no_grad():
+        fold_error = float((folded(*example) - generator(*example)).abs().max())
+    if not fold_error <= atol:
+        raise ModelError(f"folding BatchNorm changed the output by {fold_error:.3g} (> atol {atol:g})")
+
+    seconds: dict[str, float] = {}
+    with contextlib.ExitStack() as stack:
+        tmp = {key: stack.enter_context(atomic_path(path, overwrite)) for key, path in targets.items()}
+        for key in ("onnx", "onnx_fp16", "torchscript"):
+            if key not in tmp:
+                continue
+            start = time.perf_counter()
+            if key == "onnx":
+                export_onnx(folded, example, tmp[key], metadata, opset)
+            elif key == "onnx_fp16":
+                half = HalfPrecisionGenerator(folded).eval()
+                export_onnx(half, example, tmp[key], {**metadata, "gantool.precision": "fp16"}, opset)
+            else:
+                export_torchscript(folded, example, tmp[key], metadata, size)
+            seconds[key] = round(time.perf_counter() - start, 2)
+        save_generator_weights(tmp["safetensors"], generator, metadata)
+
+        report, notes = None, []
+        if verify:
+            report, notes = verify_exports(generator, folded, tmp, atol, cuda, cases)
+            if not report["passed"]:
+                problems = failures(report)
+                raise ParityError(f"parity check failed: {problems[0]}", report)
+        sizes = {key: tmp[key].stat().st_size for key in tmp if key != "report"}
+        files = {key: {"file": targets[key].name, "bytes": sizes[key]} for key in sizes}
+        document = {
+            "checkpoint": str(checkpoint_path),
+            "files": files,
+            "metadata": metadata,
+            "fold_batchnorm_max_abs": fold_error,
+            "export_seconds": seconds,
+            "verified": verify,
+            "parity": report,
+            "notes": notes,
+        }
+        atomic_write_text(tmp["report"], json.dumps(report_to_json(document), indent=2) + "\n")
+    return ExportResult(checkpoint_path, out_dir, targets, sizes, metadata, report, notes)
+
+
+def verify_exports(
+    generator: CompletionNetwork,
+    folded: nn.Module,
+    files: dict[str, Path],
+    atol: float,
+    cuda: bool | None = None,
+    cases: Sequence[ParityCase] | None = None,
+) -> tuple[dict[str, Any], list[str]]:
+    """Parity sweep of the exported files (as written) against the eager generator."""
+    backends = [BackendSpec("eager-folded", torch_backend(folded))]
+    if "torchscript" in files:
+        with _quiet_exporter():  # torch.jit.load warns that TorchScript is deprecated
+            scripted = torch.jit.load(str(files["torchscript"]))
+        backends.append(BackendSpec("torchscript", torch_backend(scripted)))
+    onnx_files = {name: files[name] for name in ("onnx", "onnx_fp16") if name in files}
+    for name, path in onnx_files.items():
+        suffix, precision = ("-fp16", "fp16") if name == "onnx_fp16" else ("", "fp32")
+        backends.append(BackendSpec(f"onnxruntime-cpu{suffix}", onnxruntime_backend(onnx_session(path)), precision))
+    notes: list[str] = []
+    if "onnx_fp16" in files:
+        backends.append(BackendSpec("eager-fp16", torch_backend(HalfPrecisionGenerator(folded).eval()), "fp16"))
+        notes.append(
+            "ONNX Runtime's CPU provider lacks most fp16 kernels and runs the fp16 model's body in "
+            "float32 (weights upcast), so onnxruntime-cpu-fp16 measures fp16 weight rounding only; "
+            "eager-fp16 runs torch's fp16 CPU kernels; only onnxruntime-cuda-fp16 measures the GPU path."
+        )
+    want_cuda = cuda_worth_trying() if cuda is None else cuda
+    if onnx_files and not want_cuda:
+        notes.append("onnxruntime-cuda not checked: no CUDA device found")
+    elif onnx_files:
+        for name, path in onnx_files.items():
+            suffix, precision = ("-fp16", "fp16") if name == "onnx_fp16" else ("", "fp32")
+            try:
+                session = onnx_session(path, cuda=True)
+            except Exception as e:  # a CUDA problem must never break the CPU result
+                notes.append(f"onnxruntime-cuda{suffix} not checked: {_first_line(e)}")
+                continue
+            backends.append(BackendSpec(f"onnxruntime-cuda{suffix}", onnxruntime_backend(session), precision))
+    cases = list(cases) if cases is not None else default_cases(generator.config)
+    reference = torch_backend(generator)
+    report = parity_sweep(reference, backends, cases, generator.config.local_size, atol, MIN_FP16_PSNR)
+    report["reference"] = "eager PyTorch, unfolded generator, eval mode, float32, CPU"
+    report["notes"] = notes
+    return report, notes
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:200] if text else type(error).__name__

@@ -1,0 +1,256 @@
+"""Parity of exported generators against eager PyTorch over a sweep of shapes and masks.
+
+A backend is any callable ``(image, mask) -> inpainted`` on NCHW float32 numpy
+arrays. :func:`parity_sweep` runs the reference and every backend on the same
+inputs and reports, per backend and case: the max abs error on the whole image
+and inside the hole, the PSNR after uint8 quantization, and whether known
+pixels are bitwise equal to the input. fp32 backends pass within ``atol``;
+fp16 backends pass at ``min_psnr`` dB or more. Known pixels must always be exact.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gantool.config import ModelConfig
+from gantool.errors import ProviderError
+from gantool.masks import generate_mask
+from gantool.processing import to_uint8
+
+Backend = Callable[[np.ndarray, np.ndarray], np.ndarray]
+CASE_MASKS = ("box", "free", "empty", "full")
+
+
+@dataclass(frozen=True)
+class ParityCase:
+    batch: int
+    height: int
+    width: int
+    mask: str  # one of CASE_MASKS
+
+    @property
+    def label(self) -> str:
+        return f"{self.batch}x3x{self.height}x{self.width} {self.mask}"
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    name: str
+    run: Backend
+    precision: str = "fp32"  # "fp32": judged by atol; "fp16": judged by PSNR
+
+
+def default_cases(config: ModelConfig) -> list[ParityCase]:
+    """Batch 1 and 3; square and non-square; the training size, others and tiny ones."""
+    s = config.size
+    return [
+        ParityCase(1, s, s, "box"),
+        ParityCase(3, s, s, "free"),
+        ParityCase(1, s + 8, s - 4, "box"),
+        ParityCase(3, s - 4, s + 8, "free"),
+        ParityCase(1, s, s + 4, "empty"),
+        ParityCase(3, s + 8, s - 4, "full"),
+        ParityCase(1, 12, 20, "box"),
+        ParityCase(2, 8, 16, "free"),
+        ParityCase(1, 4, 4, "full"),
+    ]
+
+
+def case_inputs(case: ParityCase, local_size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Deterministic random images and masks for one case (NCHW float32)."""
+    rng = np.random.default_rng([seed, case.batch, case.height, case.width, CASE_MASKS.index(case.mask)])
+    image = rng.random((case.batch, 3, case.height, case.width), dtype=np.float32)
+    shape = (case.batch, 1, case.height, case.width)
+    if case.mask == "empty":
+        return image, np.zeros(shape, np.float32)
+    if case.mask == "full":
+        return image, np.ones(shape, np.float32)
+    window = min(local_size, case.height, case.width)
+    masks = [generate_mask(case.mask, rng, (case.height, case.width), window)[0] for _ in range(case.batch)]
+    return image, np.stack(masks)[:, None].astype(np.float32)
+
+
+def psnr_uint8(output: np.ndarray, reference: np.ndarray) -> float:
+    """PSNR in dB between the uint8-quantized images; inf when they are identical."""
+    if not np.isfinite(output).all():
+        return 0.0
+    diff = to_uint8(output).astype(np.float64) - to_uint8(reference).astype(np.float64)
+    mse = float(np.mean(diff * diff))
+    return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
+
+
+def compare(output: np.ndarray, reference: np.ndarray, image: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
+    """Error figures for one backend output against the reference output."""
+    if output.shape != reference.shape or output.dtype != np.float32:
+        return {"error": f"returned {output.dtype} {output.shape}, expected float32 {reference.shape}"}
+    hole = np.broadcast_to(mask > 0.5, output.shape)
+    diff = np.abs(output.astype(np.float64) - reference.astype(np.float64))
+    finite = bool(np.isfinite(diff).all())
+    # Bitwise, so -0.0 or a NaN in a known pixel counts as a change.
+    known_out, known_in = output[~hole], image[~hole]
+    return {
+        "max_abs": float(diff.max()) if finite else math.inf,
+        "max_abs_hole": (float(diff[hole].max()) if hole.any() else 0.0) if finite else math.inf,
+        "psnr_uint8": psnr_uint8(output, reference),
+        "known_exact": bool(np.array_equal(known_out.view(np.uint32), known_in.view(np.uint32))),
+    }
+
+
+def _case_passes(result: dict[str, Any], precision: str, atol: float, min_psnr: float) -> bool:
+    if "error" in result or not result["known_exact"]:
+        return False
+    if precision == "fp32":
+        return result["max_abs"] <= atol
+    return result["psnr_uint8"] >= min_psnr
+
+
+def parity_sweep(
+    reference: Backend,
+    backends: Sequence[BackendSpec],
+    cases: Sequence[ParityCase],
+    local_size: int,
+    atol: float = 1e-4,
+    min_psnr: float = 40.0,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Run every backend on every case and compare it with ``reference``.
+
+    Returns a JSON-ready report (``inf`` PSNR is kept as a float here; see
+    :func:`report_to_json`). A backend that raises fails that case with the
+    error's first line; it never hides the other backends' results.
+    """
+    results: dict[str, list[dict[str, Any]]] = {spec.name: [] for spec in backends}
+    for case in cases:
+        image, mask = case_inputs(case, local_size, seed)
+        expected = reference(image, mask)
+        for spec in backends:
+            try:
+                row = compare(spec.run(image, mask), expected, image, mask)
+            except Exception as e:  # report any backend failure as a failed case
+                row = {"error": f"{type(e).__name__}: {_first_line(e)}"}
+            row = {"case": case.label, **row}
+            row["passed"] = _case_passes(row, spec.precision, atol, min_psnr)
+            results[spec.name].append(row)
+
+    summary = {}
+    for spec in backends:
+        rows = results[spec.name]
+        ok_rows = [r for r in rows if "error" not in r]
+        summary[spec.name] = {
+            "precision": spec.precision,
+            "passed": all(r["passed"] for r in rows),
+            "max_abs": max((r["max_abs"] for r in ok_rows), default=math.inf),
+            "max_abs_hole": max((r["max_abs_hole"] for r in ok_rows), default=math.inf),
+            "min_psnr_uint8": min((r["psnr_uint8"] for r in ok_rows), default=0.0),
+            "known_exact": all(r.get("known_exact", False) for r in rows),
+            "errors": sorted({r["error"] for r in rows if "error" in r}),
+            "cases": rows,
+        }
+    return {
+        "passed": all(s["passed"] for s in summary.values()),
+        "atol": atol,
+        "min_psnr_fp16": min_psnr,
+        "cases": [c.label for c in cases],
+        "backends": summary,
+    }
+
+
+def failures(report: dict[str, Any]) -> list[str]:
+    """One line per failed backend: what failed and where it was worst."""
+    lines = []
+    for name, backend in report["backends"].items():
+        if backend["passed"]:
+            continue
+        bad = [r for r in backend["cases"] if not r["passed"]]
+        first = bad[0]
+        if "error" in first:
+            why = first["error"]
+        elif not first["known_exact"]:
+            why = "known pixels changed"
+        elif backend["precision"] == "fp32":
+            why = f"max abs error {first['max_abs']:.3g} > atol {report['atol']:g}"
+        else:
+            why = f"PSNR {first['psnr_uint8']:.1f} dB < {report['min_psnr_fp16']:g} dB"
+        lines.append(f"{name}: {why} ({first['case']}; {len(bad)} of {len(backend['cases'])} cases failed)")
+    return lines
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    """A small table: one row per backend with its worst figures over the sweep."""
+    lines = [f"{'backend':<24} {'max abs':>9} {'in hole':>9} {'PSNR u8':>9}  known   result"]
+    for name, b in report["backends"].items():
+        psnr = "inf" if math.isinf(b["min_psnr_uint8"]) else f"{b['min_psnr_uint8']:.1f}"
+        lines.append(
+            f"{name:<24} {b['max_abs']:>9.2e} {b['max_abs_hole']:>9.2e} {psnr:>9}  "
+            f"{'exact' if b['known_exact'] else 'CHANGED':<7} {'ok' if b['passed'] else 'FAIL'}"
+        )
+    return lines
+
+
+def report_to_json(value: Any) -> Any:
+    """Replace inf (identical uint8 images, or failed runs) by strings JSON can hold."""
+    if isinstance(value, dict):
+        return {k: report_to_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [report_to_json(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+# ------------------------------------------------------------------------ backends
+
+
+def torch_backend(module: torch.nn.Module) -> Backend:
+    def run(image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return module(torch.from_numpy(image), torch.from_numpy(mask)).numpy()
+
+    return run
+
+
+def onnxruntime_backend(session: Any) -> Backend:
+    def run(image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return session.run(["inpainted"], {"image": image, "mask": mask})[0]
+
+    return run
+
+
+def cuda_worth_trying() -> bool:
+    """True when a CUDA device is plausibly there: torch sees one, or ORT has its
+    CUDA provider and a GPU driver (libcuda) is installed. Avoids preload noise on CPUs."""
+    if torch.cuda.is_available():
+        return True
+    import onnxruntime as ort
+
+    return "CUDAExecutionProvider" in ort.get_available_providers() and bool(ctypes.util.find_library("cuda"))
+
+
+def onnx_session(path: str | Path, cuda: bool = False) -> Any:
+    """An ORT session; with ``cuda`` it must really run on CUDA or ProviderError is raised."""
+    import onnxruntime as ort
+
+    if not cuda:
+        return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    ort.preload_dlls()
+    # TF32 off: parity measures fp32 numerics; HEURISTIC: shapes change between cases.
+    cuda_options = {"cudnn_conv_algo_search": "HEURISTIC", "use_tf32": "0"}
+    session = ort.InferenceSession(
+        str(path), providers=[("CUDAExecutionProvider", cuda_options), "CPUExecutionProvider"]
+    )
+    if session.get_providers()[0] != "CUDAExecutionProvider":  # ORT falls back silently
+        raise ProviderError("ONNX Runtime could not load its CUDA provider (it fell back to the CPU)")
+    return session
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:200] if text else type(error).__name__
