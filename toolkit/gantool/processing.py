@@ -175,3 +175,103 @@ def composite(image: np.ndarray, result: np.ndarray, mask: np.ndarray) -> np.nda
 def to_uint8(image: np.ndarray) -> np.ndarray:
     """float [0, 1] -> uint8 with rounding (the inverse of /255 for 8-bit inputs)."""
     return np.clip(np.rint(image * 255.0), 0, 255).astype(np.uint8)
+
+
+# ------------------------------------------------------------ inference output (gantool inpaint)
+#
+# The model works on float RGB; the file written keeps the input's family so
+# that known pixels can be copied from the decoded input bit for bit:
+# 8-bit colour (RGB, RGBA, P, CMYK, ...) -> "RGB", 8-bit grey (L, LA, 1) -> "L",
+# 16-bit / 32-bit grey (I;16*, I, F) -> "I;16" (a 16-bit PNG).
+
+_GREY_8BIT_MODES = ("L", "LA", "La", "1")
+# ITU-R 601-2 luma, the weights PIL uses for RGB -> L.
+_LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+
+
+def output_mode(img: Image.Image) -> str:
+    """The PIL mode an inpainted copy of ``img`` is written in: "RGB", "L" or "I;16"."""
+    if _is_high_bit(img):
+        return "I;16"
+    if img.mode in _GREY_8BIT_MODES:
+        return "L"
+    return "RGB"
+
+
+def image_to_output_array(img: Image.Image) -> np.ndarray:
+    """The decoded pixels in :func:`output_mode`: uint8 H x W x 3, uint8 H x W or uint16 H x W.
+
+    These are the exact values :func:`image_to_array` scales to [0, 1], so known
+    pixels can be copied into the output unchanged.
+    """
+    mode = output_mode(img)
+    if mode == "I;16":
+        arr = np.asarray(img)
+        if img.mode == "F":  # float images are scaled like image_to_array does
+            return float_to_output_array(np.repeat(np.asarray(arr, np.float32)[..., None], 3, axis=2), mode)
+        return np.clip(arr.astype(np.int64), 0, 65535).astype(np.uint16)
+    if mode == "L":
+        return np.asarray(img.convert("L"), dtype=np.uint8)
+    return to_uint8(image_to_array(img))
+
+
+def float_to_output_array(image: np.ndarray, mode: str) -> np.ndarray:
+    """float H x W x 3 RGB in [0, 1] -> the integer array of ``mode`` (see :func:`output_mode`)."""
+    if mode == "RGB":
+        return to_uint8(image)
+    grey = np.clip(image @ _LUMA, 0.0, 1.0)
+    if mode == "L":
+        return np.rint(grey * 255.0).astype(np.uint8)
+    if mode == "I;16":
+        return np.rint(grey * 65535.0).astype(np.uint16)
+    raise ValueError(f"unsupported output mode {mode!r}")
+
+
+def paste_holes(known: np.ndarray, result: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """``known`` everywhere except where ``mask`` (H x W, 1 = hole) is set: there ``result``."""
+    hole = mask > 0.5
+    if known.ndim == 3:
+        hole = hole[..., None]
+    return np.where(hole, result, known).astype(known.dtype, copy=False)
+
+
+def output_array_to_image(arr: np.ndarray, mode: str) -> Image.Image:
+    """The integer array from :func:`float_to_output_array` / :func:`paste_holes` as a PIL image."""
+    # The dtype and shape pick the mode: uint16 H x W -> I;16, uint8 H x W -> L, H x W x 3 -> RGB.
+    dtype = np.uint16 if mode == "I;16" else np.uint8
+    img = Image.fromarray(np.ascontiguousarray(arr, dtype=dtype))
+    if img.mode != mode:
+        raise ValueError(f"array of shape {arr.shape} does not make a {mode} image")
+    return img
+
+
+def resize_array(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Resize a float H x W x C array to ``size`` = (height, width).
+
+    Antialiased (Lanczos) when shrinking, bicubic when enlarging; float precision
+    is kept (each channel is resized as a 32-bit float image) and values are clipped to [0, 1].
+    """
+    height, width = size
+    if image.shape[:2] == (height, width):
+        return image.astype(np.float32, copy=True)
+    shrinking = height * width < image.shape[0] * image.shape[1]
+    resample = Image.Resampling.LANCZOS if shrinking else Image.Resampling.BICUBIC
+    channels = [
+        np.asarray(Image.fromarray(np.ascontiguousarray(image[..., c], dtype=np.float32)).resize(
+            (width, height), resample
+        ))
+        for c in range(image.shape[2])
+    ]
+    return np.clip(np.stack(channels, axis=2), 0.0, 1.0).astype(np.float32)
+
+
+def resize_mask(mask: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Resize an H x W hole mask to ``size`` = (height, width), conservatively:
+    any output pixel that covers part of a hole is a hole."""
+    height, width = size
+    if mask.shape == (height, width):
+        return (mask > 0.5).astype(np.float32)
+    area = Image.fromarray((mask > 0.5).astype(np.float32)).resize(
+        (width, height), Image.Resampling.BOX
+    )
+    return (np.asarray(area) > 1e-6).astype(np.float32)
