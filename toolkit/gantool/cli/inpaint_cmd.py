@@ -59,7 +59,8 @@ def inpaint(images, mask, boxes, model, output, provider, backend, batch_size, s
     from gantool.runtime import load_backend
 
     masks = MaskSource(mask, boxes)
-    found = collect_images(images, skip=[masks.folder] if masks.folder else [])
+    # The mask (file or folder) may sit inside an input folder: it is not an input.
+    found = collect_images(images, skip=[masks.path] if masks.path is not None else [])
     jobs = plan_jobs(found, output)
     runner = load_backend(model, provider=provider, backend=backend, precision=precision)
     click.echo(f"provider: {runner.provider} ({runner.provider_note}); backend: {runner.name}; model: {runner.path}")
