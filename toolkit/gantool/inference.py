@@ -294,7 +294,9 @@ def to_pil_image(obj: Image.Image | str | Path | np.ndarray, what: str = "image"
         return read_image(obj)
     if isinstance(obj, np.ndarray):
         if obj.dtype not in (np.uint8, np.uint16) or obj.ndim not in (2, 3):
-            raise InputError(f"{what} arrays must be uint8 (H x W [x 3|4]) or uint16 (H x W), got {obj.dtype} {obj.shape}")
+            raise InputError(
+                f"{what} arrays must be uint8 (H x W [x 3|4]) or uint16 (H x W), got {obj.dtype} {obj.shape}"
+            )
         if obj.dtype == np.uint16 and obj.ndim != 2:
             raise InputError(f"uint16 {what} arrays must be H x W (16-bit grey)")
         if obj.ndim == 3 and obj.shape[2] not in (3, 4):

@@ -434,7 +434,8 @@ class OnnxBackend(Backend):
         self.run(image, mask)
 
     def _run(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        feeds = {"image": image.astype(self._input_dtype, copy=False), "mask": mask.astype(self._input_dtype, copy=False)}
+        dtype = self._input_dtype
+        feeds = {"image": image.astype(dtype, copy=False), "mask": mask.astype(dtype, copy=False)}
         if not self.on_gpu:
             return self.session.run(["inpainted"], feeds)[0].astype(np.float32, copy=False)
         binding = self.session.io_binding()

@@ -8,10 +8,12 @@ import click
 
 from gantool.errors import InputError
 
-STRATEGY_HELP = "auto: crop above 2x the model's train size, else full"
+STRATEGY_HELP = "auto: crop when max(H, W) > 2 x the model's train size, else full."
 
 
-def _parse_boxes(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> list[tuple[int, int, int, int]]:
+def _parse_boxes(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> list[tuple[int, int, int, int]]:
     from gantool.inference import parse_box
 
     try:
@@ -44,8 +46,20 @@ def _parse_boxes(ctx: click.Context, param: click.Parameter, values: tuple[str, 
 @click.option("--precision", type=click.Choice(["auto", "fp32", "fp16"]), default="auto", show_default=True,
               help="auto: the exported fp16 ONNX model on the GPU when there is one.")
 @click.option("--overwrite", is_flag=True, help="Replace existing outputs (inputs are never replaced).")
-def inpaint(images, mask, boxes, model, output, provider, backend, batch_size, strategy, crop_margin,
-            precision, overwrite) -> None:
+def inpaint(
+    images: tuple[str, ...],
+    mask: str | None,
+    boxes: list[tuple[int, int, int, int]],
+    model: str | None,
+    output: str | None,
+    provider: str,
+    backend: str,
+    batch_size: int,
+    strategy: str,
+    crop_margin: int | None,
+    precision: str,
+    overwrite: bool,
+) -> None:
     """Fill the holes in IMAGE... (files, folders or globs).
 
     \b
@@ -55,7 +69,7 @@ def inpaint(images, mask, boxes, model, output, provider, backend, batch_size, s
     """
     from tqdm import tqdm
 
-    from gantool.inference import MaskSource, collect_images, inpaint_files, plan_jobs
+    from gantool.inference import FileResult, MaskSource, collect_images, inpaint_files, plan_jobs
     from gantool.runtime import load_backend
 
     masks = MaskSource(mask, boxes)
@@ -66,7 +80,7 @@ def inpaint(images, mask, boxes, model, output, provider, backend, batch_size, s
     click.echo(f"provider: {runner.provider} ({runner.provider_note}); backend: {runner.name}; model: {runner.path}")
 
     with tqdm(total=len(jobs), unit="img", file=sys.stderr, disable=None, leave=False) as bar:
-        def on_result(result) -> None:
+        def on_result(result: FileResult) -> None:
             if not result.ok:
                 bar.write(f"failed: {result.error}", file=sys.stderr)
             bar.update(1)
