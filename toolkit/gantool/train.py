@@ -39,14 +39,19 @@ from gantool.checkpoint import load_checkpoint, save_checkpoint
 from gantool.config import ModelConfig, TrainConfig, toml_text
 from gantool.data import (
     InpaintingDataset,
-    StepBatchSampler,
     estimate_fill,
     holdout_count,
     open_source,
     validation_batch,
 )
-from gantool.distributed import DistributedContext, setup_distributed
-from gantool.errors import CheckpointError, InputError, TrainingError
+from gantool.distributed import (
+    DistributedContext,
+    RankBatchSampler,
+    seed_rank,
+    setup_distributed,
+    sync_batchnorm_supported,
+)
+from gantool.errors import CheckpointError, GantoolError, InputError, TrainingError
 from gantool.fileio import atomic_save, atomic_write_text, ensure_writable_dir
 from gantool.losses import discriminator_loss, generator_adversarial_loss, hole_mse, l1, psnr, ssim
 from gantool.networks import CompletionNetwork, ContextDiscriminator, crop_local
@@ -170,9 +175,25 @@ def amp_supported(device: torch.device) -> bool:
     """bf16 autocast is worth it on CUDA and on CPUs with native bf16 (AVX512-BF16 / AMX)."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    return bool(getattr(torch.backends.cpu, "get_cpu_capability", lambda: "")() in ("AVX512", "AVX512_BF16", "AMX")) or (
-        hasattr(torch.cpu, "_is_avx512_bf16_supported") and torch.cpu._is_avx512_bf16_supported()
-    )
+    return device.type == "cpu" and cpu_has_native_bf16()
+
+
+# torch's own CPU probes (private in torch 2.13, hence looked up by name). Not
+# get_cpu_capability(): it says "AVX512" on AVX-512 CPUs without BF16 too.
+_CPU_BF16_PROBES = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+_CPUINFO_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}  # x86 flags; "bf16" is the Arm feature
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU does bf16 arithmetic in hardware (AVX512-BF16, AMX or Arm BF16)."""
+    probes = [getattr(torch.cpu, name, None) for name in _CPU_BF16_PROBES]
+    if any(probe is not None and probe() for probe in probes):
+        return True
+    try:  # Arm, or a torch without the probes
+        words = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").split()
+    except OSError:
+        return False
+    return not _CPUINFO_BF16_FLAGS.isdisjoint(words)
 
 
 def autocast_for(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
@@ -185,6 +206,9 @@ def build_networks(model_cfg: ModelConfig, cfg: TrainConfig, device: torch.devic
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     generator, discriminator = CompletionNetwork(model_cfg), ContextDiscriminator(model_cfg)
     if cfg.sync_bn and dist.enabled:
+        if not sync_batchnorm_supported(device):
+            raise InputError(f"--sync-bn needs GPUs: torch's SyncBatchNorm does not run on {device.type} tensors; "
+                             "drop --sync-bn (each process then normalizes with its own batch statistics)")
         generator = nn.SyncBatchNorm.convert_sync_batchnorm(generator)
         discriminator = nn.SyncBatchNorm.convert_sync_batchnorm(discriminator)
     memory_format = torch.channels_last if use_channels_last(cfg, device) else torch.contiguous_format
@@ -245,31 +269,39 @@ class TrainResult:
     last_checkpoint: Path | None
     interrupted: bool = False
     history: list[dict[str, Any]] = field(default_factory=list)
+    rank: int = 0  # under torchrun, only rank 0 wrote files (and should print)
 
 
 class _StopFlag:
-    """Ctrl-C sets a flag the loop checks at step boundaries; a second Ctrl-C aborts."""
+    """Ctrl-C sets a flag the loop checks at step boundaries; a second Ctrl-C aborts.
 
-    def __init__(self) -> None:
+    Under torchrun SIGTERM is handled the same way: torchrun answers a Ctrl-C by
+    sending SIGTERM to its workers (and SIGKILL 30 s later).
+    """
+
+    def __init__(self, signals: tuple[signal.Signals, ...] = (signal.SIGINT,)) -> None:
         self.requested = False
+        self.signals = signals
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        if threading_main():
-            previous = signal.getsignal(signal.SIGINT)
-
-            def handler(signum: int, frame: Any) -> None:
-                if self.requested:
-                    raise KeyboardInterrupt
-                self.requested = True
-
-            signal.signal(signal.SIGINT, handler)
-            try:
-                yield
-            finally:
-                signal.signal(signal.SIGINT, previous)
-        else:
+        if not threading_main():
             yield
+            return
+
+        def handler(signum: int, frame: Any) -> None:
+            if self.requested:
+                raise KeyboardInterrupt
+            self.requested = True
+
+        previous = {sig: signal.getsignal(sig) for sig in self.signals}
+        for sig in self.signals:
+            signal.signal(sig, handler)
+        try:
+            yield
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
 
 
 def threading_main() -> bool:
@@ -327,10 +359,23 @@ def train(
     count (checkpointing it), as an interrupted run would."""
     cfg, state, run_dir = prepare_run(cfg, resume)
     dist = setup_distributed(cfg.device)
+    try:
+        return _train(cfg, state, run_dir, dist, stop_after, progress)
+    finally:
+        dist.shutdown()
+
+
+def _train(cfg: TrainConfig, state: dict[str, Any] | None, run_dir: Path, dist: DistributedContext,
+           stop_after: int | None, progress: bool) -> TrainResult:
+    if dist.enabled:  # the default run folder is a timestamp: every rank must use rank 0's
+        run_dir = dist.broadcast_object(run_dir)
+        cfg = cfg.replace(out=str(run_dir))
     device = dist.device or resolve_device(cfg.device)
     amp = cfg.amp if cfg.amp is not None else device.type == "cuda"
-    if amp and not amp_supported(device):
+    if amp and not amp_supported(device) and dist.is_main:
         log.warning("bf16 autocast is not natively supported on this %s; it will be slow", device.type)
+    if cfg.sync_bn and not dist.enabled and dist.is_main:
+        log.warning("--sync-bn has no effect in a single process (launch with torchrun for several)")
     source = open_source(cfg.data, cfg.seed)
     if source.skipped and dist.is_main:
         log.warning("skipped %d unreadable file(s) in %s (first: %s)", len(source.skipped), cfg.data, source.skipped[0])
@@ -346,8 +391,10 @@ def train(
         nets.discriminator.load_state_dict(state["discriminator"])
         opt_g.load_state_dict(state["opt_g"])
         opt_d.load_state_dict(state["opt_d"])
-        restore_rng_state(state["rng"])
+        restore_rng_state(state["rng"])  # rank 0's streams
         step = int(state["step"])
+    if dist.rank > 0:
+        seed_rank(cfg.seed, dist.rank, step)
     if step >= cfg.total_steps:
         raise InputError(f"the checkpoint is at step {step}, already past the schedule's {cfg.total_steps} steps; raise --steps-joint")
 
@@ -355,20 +402,31 @@ def train(
     val = validation_batch(source, cfg.val_images, cfg.size, cfg.local_size, cfg.mask, cfg.hole_range(), cfg.seed)
     val = tuple(t.to(device) for t in val)
     end = min(cfg.total_steps, stop_after) if stop_after is not None else cfg.total_steps
-    sampler = StepBatchSampler(train_items, cfg.batch_size, cfg.seed, step, end, dist.rank, dist.world_size)
+    # Each rank takes its contiguous share of the same step-indexed global batch
+    # (the DistributedSampler role; exact on resume, independent of the rank count).
+    sampler = RankBatchSampler(train_items, cfg.batch_size, cfg.seed, step, end, dist.rank, dist.world_size)
     dataset = InpaintingDataset(source, cfg.size, cfg.local_size, cfg.mask, cfg.hole_range())
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=cfg.workers,
                                          pin_memory=device.type == "cuda", persistent_workers=False)
+    setup_error: str | None = None
     if dist.is_main:
-        for sub in ("checkpoints", "samples"):
-            ensure_writable_dir(run_dir / sub)
-        atomic_write_text(run_dir / "config.toml", toml_text(cfg.to_dict()))
+        try:
+            for sub in ("checkpoints", "samples"):
+                ensure_writable_dir(run_dir / sub)
+            atomic_write_text(run_dir / "config.toml", toml_text(cfg.to_dict()))
+        except GantoolError as e:
+            if not dist.enabled:
+                raise
+            setup_error = str(e)
         if not held and cfg.data != "synthetic":
             log.warning("only %d image(s): validation uses training images (not held out)", len(source))
+    setup_error = dist.broadcast_object(setup_error)  # all ranks stop, not rank 0 alone
+    if setup_error:
+        raise InputError(setup_error)
 
     autocast = autocast_for(device, amp)
     memory_format = torch.channels_last if use_channels_last(cfg, device) else torch.contiguous_format
-    result = TrainResult(run_dir, step, phase_at(step, cfg), None)
+    result = TrainResult(run_dir, step, phase_at(step, cfg), None, rank=dist.rank)
     last_good = run_dir / "checkpoints" / "last.pt" if state is not None or step else None
 
     def checkpoint(at_step: int) -> Path:
@@ -389,7 +447,7 @@ def train(
                 atomic_save(keep, lambda tmp: tmp.write_bytes(path.read_bytes()))
         return path
 
-    stop = _StopFlag()
+    stop = _StopFlag((signal.SIGINT, signal.SIGTERM) if dist.enabled else (signal.SIGINT,))
     bar = _progress_bar(progress and dist.is_main, step, end)
     nets.run_generator.train()
     nets.run_pair.train()
@@ -401,7 +459,8 @@ def train(
                 batch = (batch[0].to(device, non_blocking=True).contiguous(memory_format=memory_format),
                          batch[1].to(device, non_blocking=True).contiguous(memory_format=memory_format), batch[2])
                 losses = train_step(phase, nets, opt_g, opt_d, batch, cfg, autocast)
-                values = {k: float(v) for k, v in losses.items()}
+                # Under DDP: losses averaged over ranks, and one stop decision for all of them.
+                values, stop_now = dist.step_consensus(losses, stop.requested)
                 bad = [k for k, v in values.items() if not math.isfinite(v)]
                 if bad:
                     where = f"{last_good} is the last good checkpoint" if last_good else "no checkpoint was written yet"
@@ -423,7 +482,7 @@ def train(
                 if dist.is_main and (step % cfg.checkpoint_every == 0 or step == end):
                     last_good = checkpoint(step)
                 bar.update(1)
-                if stop.requested:
+                if stop_now:
                     result.interrupted = True
                     break
         except (RuntimeError, KeyboardInterrupt) as e:
@@ -434,8 +493,7 @@ def train(
             bar.close()
         if result.interrupted and dist.is_main and step > result.step:
             last_good = checkpoint(step)
-    dist.barrier()
-    dist.shutdown()
+    dist.barrier()  # the others wait until rank 0's last checkpoint is on disk
     result.step, result.phase, result.last_checkpoint = step, phase_at(max(step - 1, 0), cfg), last_good
     return result
 
