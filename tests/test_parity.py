@@ -7,7 +7,6 @@ with eager PyTorch on every case of :func:`gantool.parity.default_cases`.
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np

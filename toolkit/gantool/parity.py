@@ -135,7 +135,7 @@ def parity_sweep(
             try:
                 row = compare(spec.run(image, mask), expected, image, mask)
             except Exception as e:  # report any backend failure as a failed case
-                row = {"error": f"{type(e).__name__}: {_first_line(e)}"}
+                row = {"error": f"{type(e).__name__}: {first_line(e)}"}
             row = {"case": case.label, **row}
             row["passed"] = _case_passes(row, spec.precision, atol, min_psnr)
             results[spec.name].append(row)
@@ -251,6 +251,7 @@ def onnx_session(path: str | Path, cuda: bool = False) -> Any:
     return session
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
+    """The first line of an error message (at most 200 characters), for one-line reports."""
     text = str(error).strip()
     return text.splitlines()[0][:200] if text else type(error).__name__

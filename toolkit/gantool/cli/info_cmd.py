@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from gantool.export import describe_file
+from gantool.modelinfo import describe_file
 
 
 def _value(value: Any) -> str:

@@ -1,0 +1,393 @@
+"""``gantool export`` and ``gantool info``: files, metadata, options and failure paths."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from click.testing import CliRunner
+from PIL import Image
+
+from conftest import REPO_ROOT, TINY_CONFIG, briefly_trained_generator, write_checkpoint
+from gantool.checkpoint import load_checkpoint, load_generator_weights, weights_sha256
+from gantool.cli import cli
+from gantool.errors import CheckpointError, InputError, ModelError
+from gantool.export import (
+    FORMATS,
+    build_metadata,
+    check_options,
+    default_output_dir,
+    export_generator,
+    find_latest_checkpoint,
+    read_model_metadata,
+)
+from gantool.modelinfo import describe_file
+from gantool.parity import onnx_session
+from gantool.processing import crop_padding, image_to_array, mask_to_array, pad_to_multiple, read_image, to_batch, to_uint8
+
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
+
+CONTRACT_KEYS = {
+    "gantool.version", "gantool.model_config", "gantool.processing", "gantool.train_step", "gantool.train_phase",
+    "gantool.weights_sha256", "gantool.precision", "gantool.source", "gantool.exported_at", "gantool.torch_version",
+}  # fmt: skip
+OUTPUT_NAMES = ("generator.onnx", "generator.torchscript.pt", "generator.safetensors", "export_report.json")
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def assert_one_line_error(result, *fragments: str) -> None:
+    assert result.exit_code != 0, result.output
+    assert "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1, result.output
+    for fragment in fragments:
+        assert fragment in errors[0], result.output
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+@pytest.fixture(scope="module")
+def full_export(tmp_path_factory):
+    """One verified CLI export (both formats + fp16) of a briefly trained generator."""
+    run = tmp_path_factory.mktemp("run")
+    checkpoint = write_checkpoint(
+        run / "checkpoints" / "last.pt", briefly_trained_generator(TINY_CONFIG, seed=3), step=42, phase="joint",
+        train_config={"data": "synthetic", "batch_size": 4, "steps_g": 10}, metrics={"loss_g": 0.25},
+    )  # fmt: skip
+    result = invoke("export", checkpoint, "--fp16")
+    assert result.exit_code == 0, result.output
+    return checkpoint, run / "export", result.output
+
+
+# ------------------------------------------------------------------------ the happy path
+
+
+def test_export_writes_every_file_into_the_run_export_folder(full_export):
+    checkpoint, out, output = full_export
+    assert leftovers(out) == sorted([*OUTPUT_NAMES, "generator_fp16.onnx"])
+    for name in OUTPUT_NAMES[:3]:
+        assert f"Wrote {out / name}" in output
+    assert "onnxruntime-cpu" in output and "torchscript" in output and "FAIL" not in output
+    assert not (out / "generator.onnx.data").exists()  # one self-contained file
+
+
+def test_onnx_is_valid_self_contained_and_carries_the_contract(full_export):
+    checkpoint, out, _ = full_export
+    model = onnx.load(str(out / "generator.onnx"))
+    onnx.checker.check_model(model, full_check=True)
+    assert all(t.data_location != onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+    assert [i.name for i in model.graph.input] == ["image", "mask"]
+    assert [o.name for o in model.graph.output] == ["inpainted"]
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert CONTRACT_KEYS <= set(meta)
+    state = load_checkpoint(checkpoint)
+    assert meta["gantool.weights_sha256"] == weights_sha256(state["generator"])
+    assert json.loads(meta["gantool.model_config"]) == TINY_CONFIG.to_dict()
+    assert json.loads(meta["gantool.processing"])["size_multiple"] == 4
+    assert (meta["gantool.train_step"], meta["gantool.train_phase"], meta["gantool.source"]) == ("42", "joint", "last.pt")
+    assert meta["gantool.precision"] == "fp32" and meta["gantool.torch_version"] == torch.__version__
+
+
+def test_every_file_carries_the_same_metadata(full_export):
+    _, out, _ = full_export
+    onnx_meta = read_model_metadata(out / "generator.onnx")
+    assert read_model_metadata(out / "generator.torchscript.pt") == onnx_meta
+    weights_meta = read_model_metadata(out / "generator.safetensors")
+    assert {k: weights_meta[k] for k in CONTRACT_KEYS} == onnx_meta
+    fp16_meta = read_model_metadata(out / "generator_fp16.onnx")
+    assert fp16_meta["gantool.precision"] == "fp16"
+    assert {**fp16_meta, "gantool.precision": "fp32"} == onnx_meta
+
+
+def test_safetensors_holds_the_unfused_weights(full_export):
+    checkpoint, out, _ = full_export
+    generator, _ = load_generator_weights(out / "generator.safetensors")
+    assert weights_sha256(generator.state_dict()) == weights_sha256(load_checkpoint(checkpoint)["generator"])
+    assert any(isinstance(m, torch.nn.BatchNorm2d) for m in generator.modules())
+
+
+def test_report_json_beside_the_model(full_export):
+    _, out, _ = full_export
+    report = json.loads((out / "export_report.json").read_text())
+    assert report["verified"] is True and report["parity"]["passed"] is True
+    backends = report["parity"]["backends"]
+    assert {"eager-folded", "torchscript", "onnxruntime-cpu", "onnxruntime-cpu-fp16", "eager-fp16"} <= set(backends)
+    assert len(backends["onnxruntime-cpu"]["cases"]) == len(report["parity"]["cases"]) >= 8
+    assert report["files"]["onnx"]["bytes"] == (out / "generator.onnx").stat().st_size
+    assert report["fold_batchnorm_max_abs"] <= 1e-4
+    assert any("fp16" in note for note in report["notes"])  # says what ORT CPU cannot measure
+
+
+def test_torchscript_runs_other_shapes_and_keeps_known_pixels(full_export):
+    _, out, _ = full_export
+    scripted = torch.jit.load(str(out / "generator.torchscript.pt"))
+    image, mask = torch.rand(2, 3, 20, 44), (torch.rand(2, 1, 20, 44) > 0.7).float()
+    with torch.no_grad():
+        result = scripted(image, mask)
+    known = (mask < 0.5).expand_as(image)
+    assert result.shape == image.shape and torch.equal(result[known], image[known])
+
+
+def test_info_shows_model_metadata(full_export):
+    _, out, _ = full_export
+    for name in ("generator.onnx", "generator.torchscript.pt", "generator.safetensors"):
+        result = invoke("info", out / name)
+        assert result.exit_code == 0, result.output
+        assert "gantool.weights_sha256" in result.output and "gantool.train_step: 42" in result.output
+    result = invoke("info", out / "generator.onnx", "--json")
+    data = json.loads(result.output)
+    assert data["kind"] == "onnx" and data["metadata"]["gantool.model_config"]["width"] == TINY_CONFIG.width
+
+
+def test_info_summarises_a_checkpoint(full_export):
+    checkpoint, _, _ = full_export
+    result = invoke("info", checkpoint)
+    assert result.exit_code == 0, result.output
+    assert "step: 42" in result.output and "phase: joint" in result.output and "loss_g" in result.output
+    data = json.loads(invoke("info", checkpoint, "--json").output)
+    assert data["kind"] == "checkpoint" and data["step"] == 42 and data["metrics"] == {"loss_g": 0.25}
+    assert data["train_config"] == {"data": "synthetic", "batch_size": 4, "steps_g": 10}
+    assert data["model_config"] == TINY_CONFIG.to_dict()
+
+
+def test_info_through_the_real_console_entry(full_export, subprocess_env):
+    _, out, _ = full_export
+    proc = subprocess.run(
+        [sys.executable, "-m", "gantool", "info", str(out / "generator.onnx"), "--json"],
+        capture_output=True, text=True, env=subprocess_env, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["metadata"]["gantool.precision"] == "fp32"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gantool", "info", str(out / "missing.onnx")],
+        capture_output=True, text=True, env=subprocess_env, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_onnxruntime_only_example_matches_gantool(full_export, tmp_path, subprocess_env):
+    _, out, _ = full_export
+    rng = np.random.default_rng(0)
+    height, width = 30, 37  # not multiples of 4: the example pads and crops back
+    Image.fromarray((rng.random((height, width, 3)) * 255).astype(np.uint8)).save(tmp_path / "image.png")
+    hole = np.zeros((height, width), np.uint8)
+    hole[8:20, 10:25] = 255
+    Image.fromarray(hole).save(tmp_path / "mask.png")
+    env = {k: v for k, v in subprocess_env.items() if k != "PYTHONPATH"}  # prove it needs no gantool
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "examples" / "onnxruntime_only.py"), str(out / "generator.onnx"),
+         str(tmp_path / "image.png"), str(tmp_path / "mask.png"), str(tmp_path / "out.png")],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    result = np.asarray(Image.open(tmp_path / "out.png"))
+    original = np.asarray(Image.open(tmp_path / "image.png"))
+    known = hole < 128
+    assert np.array_equal(result[known], original[known])
+    assert not np.array_equal(result[~known], original[~known])
+
+    # gantool's own processing + ORT on the same files gives the same pixels.
+    image, mask = to_batch(
+        [image_to_array(read_image(tmp_path / "image.png"))], [mask_to_array(read_image(tmp_path / "mask.png"))]
+    )
+    padded_image, padded_mask, pad = pad_to_multiple(image, mask)
+    session = onnx_session(out / "generator.onnx")
+    ours = crop_padding(session.run(None, {"image": padded_image, "mask": padded_mask})[0], pad)
+    assert np.array_equal(to_uint8(ours[0].transpose(1, 2, 0)), result)
+
+
+# ---------------------------------------------------------------- options and defaults
+
+
+def test_newest_checkpoint_is_the_default(tmp_path, monkeypatch, checkpoint_factory):
+    generator = briefly_trained_generator(TINY_CONFIG, seed=4, steps=1)
+    old = write_checkpoint(tmp_path / "runs" / "a" / "checkpoints" / "last.pt", generator)
+    new = write_checkpoint(tmp_path / "runs" / "b" / "checkpoints" / "last.pt", generator, step=7)
+    os.utime(old, (2_000_000_000, 2_000_000_000))  # newer by mtime despite the name order
+    os.utime(new, (1_000_000_000, 1_000_000_000))
+    monkeypatch.chdir(tmp_path)
+    assert find_latest_checkpoint() == Path("runs/a/checkpoints/last.pt")
+    result = invoke("export", "--torchscript", "--no-verify")
+    assert result.exit_code == 0, result.output
+    assert "Using the newest checkpoint: runs/a/checkpoints/last.pt" in result.output
+    assert "Parity check skipped" in result.output
+    assert leftovers(tmp_path / "runs" / "a" / "export") == [
+        "export_report.json", "generator.safetensors", "generator.torchscript.pt"
+    ]  # fmt: skip
+    assert not (tmp_path / "runs" / "b" / "export").exists()
+    report = json.loads((tmp_path / "runs" / "a" / "export" / "export_report.json").read_text())
+    assert report["verified"] is False and report["parity"] is None
+
+
+def test_default_output_dir():
+    assert default_output_dir("/x/run1/checkpoints/step_10.pt") == Path("/x/run1/export")
+    assert default_output_dir("/x/weights/model.pt") == Path("/x/weights/export")
+
+
+def test_onnx_only_at_a_chosen_opset(checkpoint_factory, tmp_path):
+    result = invoke("export", checkpoint_factory("trained", seed=5), "--onnx", "--opset", "18", "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert leftovers(tmp_path / "out") == ["export_report.json", "generator.onnx", "generator.safetensors"]
+    model = onnx.load(str(tmp_path / "out" / "generator.onnx"))
+    assert {o.domain: o.version for o in model.opset_import}[""] == 18
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--torchscript", "--opset", "18"], "--opset applies only to onnx"),
+        (["--torchscript", "--fp16"], "--fp16 applies only to onnx"),
+        (["--opset", "7"], "--opset must be between 18"),
+        (["--atol", "0"], "--atol must be positive"),
+    ],
+)
+def test_option_table_rejects_bad_combinations(checkpoint_factory, tmp_path, args, fragment):
+    result = invoke("export", checkpoint_factory("random"), "-o", tmp_path / "out", *args)
+    assert_one_line_error(result, fragment)
+    assert leftovers(tmp_path / "out") == []
+
+
+def test_check_options_library():
+    assert check_options(["onnx", "onnx"], None, True, 1e-4) == ("onnx",)
+    with pytest.raises(InputError, match="unknown export format"):
+        check_options(["tflite"], None, False, 1e-4)
+    assert set(FORMATS) == {"onnx", "torchscript"}
+
+
+def test_refuses_to_overwrite_without_the_flag(checkpoint_factory, tmp_path):
+    checkpoint, out = checkpoint_factory("random"), tmp_path / "out"
+    assert invoke("export", checkpoint, "--torchscript", "--no-verify", "-o", out).exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert_one_line_error(invoke("export", checkpoint, "--torchscript", "--no-verify", "-o", out), "--overwrite")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    result = invoke("export", checkpoint, "--torchscript", "--no-verify", "-o", out, "--overwrite")
+    assert result.exit_code == 0, result.output
+
+
+# ------------------------------------------------------------------------ failure paths
+
+
+def test_missing_checkpoint(tmp_path):
+    assert_one_line_error(invoke("export", tmp_path / "nope.pt", "-o", tmp_path / "out"), "not found")
+    assert leftovers(tmp_path / "out") == []
+
+
+def test_corrupt_checkpoint(tmp_path):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(os.urandom(2000))
+    assert_one_line_error(invoke("export", bad, "-o", tmp_path / "out"), "not a readable gantool checkpoint")
+    truncated = tmp_path / "truncated.pt"
+    write_checkpoint(truncated, briefly_trained_generator(TINY_CONFIG, steps=1))
+    truncated.write_bytes(truncated.read_bytes()[:3000])
+    assert_one_line_error(invoke("export", truncated, "-o", tmp_path / "out"), str(truncated))
+    assert leftovers(tmp_path / "out") == []
+
+
+def test_not_a_gantool_checkpoint(tmp_path):
+    other = tmp_path / "other.pt"
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, other)
+    assert_one_line_error(invoke("export", other, "-o", tmp_path / "out"), "not a gantool checkpoint")
+
+
+def test_no_checkpoint_under_runs(tmp_path, monkeypatch):
+    (tmp_path / "runs" / "empty" / "checkpoints").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert_one_line_error(invoke("export"), "no checkpoint found")
+    with pytest.raises(CheckpointError):
+        find_latest_checkpoint(tmp_path / "runs")
+
+
+def test_output_path_is_a_file(checkpoint_factory, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("user data")
+    assert_one_line_error(invoke("export", checkpoint_factory("random"), "-o", blocker), "is a file")
+    with pytest.raises(InputError, match="not a folder"):
+        export_generator(checkpoint_factory("random"), blocker, formats=["torchscript"], verify=False)
+    assert_one_line_error(invoke("export", checkpoint_factory("random"), "-o", blocker / "sub"), "cannot create")
+    assert blocker.read_text() == "user data"
+
+
+def test_unwritable_output_folder(checkpoint_factory, tmp_path):
+    out = tmp_path / "locked"
+    out.mkdir()
+    out.chmod(0o500)
+    try:
+        if os.access(out, os.W_OK):
+            pytest.skip("running as root: permission bits do not stop writes (os.access says writable)")
+        assert_one_line_error(invoke("export", checkpoint_factory("random"), "-o", out), "not writable")
+        assert leftovers(out) == []
+    finally:
+        out.chmod(0o700)
+
+
+def test_failed_fold_check_writes_nothing(checkpoint_factory, tmp_path):
+    # Folding BN changes the trained net by ~1e-8: an absurd --atol makes that a failure.
+    result = invoke("export", checkpoint_factory("trained", seed=6), "-o", tmp_path / "out", "--atol", "1e-30")
+    assert_one_line_error(result, "folding BatchNorm changed the output")
+    assert leftovers(tmp_path / "out") == []
+
+
+def test_failed_parity_writes_nothing_and_keeps_old_files(tmp_path):
+    # A BN scale of 1e6 overflows fp16 (max 65504) but not float32: fp16 parity must fail.
+    generator = briefly_trained_generator(TINY_CONFIG, seed=7, steps=1)
+    with torch.no_grad():
+        generator.body[2][1].weight.fill_(1e6)
+    checkpoint = write_checkpoint(tmp_path / "overflow.pt", generator)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "generator.onnx").write_bytes(b"previous export")
+    result = invoke("export", checkpoint, "--fp16", "-o", out, "--overwrite")
+    assert_one_line_error(result, "parity check failed", "fp16")
+    assert "eager-fp16" in result.output  # the per-backend table is shown on failure
+    assert leftovers(out) == ["generator.onnx"]  # no temp files, no new outputs
+    assert (out / "generator.onnx").read_bytes() == b"previous export"
+
+
+def test_info_rejects_bad_files(tmp_path, full_export):
+    corrupt = tmp_path / "corrupt.onnx"
+    corrupt.write_bytes(b"\x08\x07garbage" * 50)
+    assert_one_line_error(invoke("info", corrupt))
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    assert_one_line_error(invoke("info", text))
+    assert_one_line_error(invoke("info", tmp_path / "missing.onnx"), "not found")
+    bad_weights = tmp_path / "w.safetensors"
+    bad_weights.write_bytes(b"\xff" * 64)
+    assert_one_line_error(invoke("info", bad_weights), "safetensors")
+
+
+def test_read_model_metadata_errors(tmp_path):
+    with pytest.raises(ModelError, match="not found"):
+        read_model_metadata(tmp_path / "missing.onnx")
+    plain = tmp_path / "plain.pt"
+    torch.jit.save(torch.jit.script(torch.nn.ReLU()), str(plain))
+    with pytest.raises(ModelError, match="no gantool metadata"):
+        read_model_metadata(plain)
+    foreign = tmp_path / "foreign.onnx"
+    onnx.save(onnx.helper.make_model(onnx.helper.make_graph([], "g", [], [])), str(foreign))
+    with pytest.raises(ModelError, match="no gantool metadata"):
+        read_model_metadata(foreign)
+    assert zipfile.is_zipfile(plain)
+    with pytest.raises(InputError):
+        describe_file(tmp_path / "missing.pt")
+
+
+def test_build_metadata_is_strings_only():
+    generator = briefly_trained_generator(TINY_CONFIG, steps=1)
+    state = {"model_config": TINY_CONFIG.to_dict(), "generator": generator.state_dict(), "step": 3, "phase": "d"}
+    meta = build_metadata(state, source="x.pt", precision="fp16")
+    assert set(meta) == CONTRACT_KEYS and all(isinstance(v, str) for v in meta.values())
+    assert meta["gantool.precision"] == "fp16" and meta["gantool.train_step"] == "3"
