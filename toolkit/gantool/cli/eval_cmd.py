@@ -1,0 +1,56 @@
+"""``gantool eval``: parse options, call :func:`gantool.evaluate.evaluate`, print."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+HELP_EPILOG = """\b
+Examples:
+  gantool eval --data heldout/                      # the shipped model, box holes, 256 px
+  gantool eval runs/x/export --data photos/ --masks free --size 128 --seed 1
+  gantool eval model.onnx --data photos/ --json > eval.json
+"""
+
+
+@click.command("eval", epilog=HELP_EPILOG)
+@click.argument("model", required=False, metavar="[MODEL]")
+@click.option("--data", required=True, type=click.Path(path_type=Path),
+              help="Folder of ground-truth images (searched recursively).")
+@click.option("--masks", type=click.Choice(["box", "free", "mixed"]), default="box", show_default=True,
+              help="Hole shapes (seeded: the same holes every run).")
+@click.option("--size", type=click.IntRange(min=16), default=256, show_default=True,
+              help="Images are centre-cropped to squares of this size.")
+@click.option("--local-size", type=int, default=None,
+              help="Window the holes are drawn in (box holes: half of it to all of it).  [default: size/2]")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the holes.")
+@click.option("--count", type=click.IntRange(min=1), default=None, help="Use only the first N images.")
+@click.option("--grid", type=click.Path(dir_okay=False, path_type=Path), default=Path("eval_grid.png"),
+              show_default=True, help="Comparison grid PNG: masked | Telea | Navier-Stokes | gantool | truth.")
+@click.option("--no-grid", is_flag=True, help="Do not write the grid.")
+@click.option("--provider", type=click.Choice(["auto", "cuda", "tensorrt", "cpu"]), default="auto", show_default=True)
+@click.option("--backend", type=click.Choice(["auto", "onnx", "torchscript", "eager"]), default="auto", show_default=True)
+@click.option("--overwrite", is_flag=True, help="Replace an existing grid file.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (means and per-image values).")
+def eval_(model: str | None, data: Path, grid: Path, no_grid: bool, as_json: bool, **options) -> None:
+    """Compare MODEL with mean-pixel fill and OpenCV's Telea and Navier-Stokes
+    inpainting: PSNR, SSIM and L1 in the hole and over the whole image.
+
+    MODEL is a .onnx / .pt / .safetensors file or an export folder; without it
+    the model shipped with gantool is used. The classical methods need OpenCV
+    (pip install "gantool[eval]").
+    """
+    from gantool.evaluate import evaluate
+
+    result = evaluate(model, data, grid=None if no_grid else grid, **options)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    s = result.settings
+    click.echo(f"{s['count']} image(s) from {s['data']}, {s['masks']} holes in a {s['local_size']} px window, "
+               f"{s['size']} px, seed {s['seed']}; gantool = {s['model_file']} ({s['backend']} on {s['provider']})")
+    click.echo(result.markdown())
+    if result.grid is not None:
+        click.echo(f"grid: {result.grid}")

@@ -1,0 +1,281 @@
+"""``gantool eval``: a generator against classical inpainting on seeded holes.
+
+Every image of a folder is centre-cropped to a square, resized to ``size`` and
+quantized to 8 bits (that is the ground truth); a seeded hole
+(:func:`gantool.masks.generate_mask`) is cut into it; each method fills it from
+the same 8-bit input, and its 8-bit result (what a user would save) is scored
+against the truth with :mod:`gantool.losses`:
+
+- PSNR, SSIM and L1 over the whole image;
+- PSNR and L1 over the hole pixels; SSIM over the hole's bounding box.
+
+Methods: ``mean`` (the hole filled with the mean of the image's known pixels),
+``telea`` and ``ns`` (OpenCV's ``cv2.inpaint`` with INPAINT_TELEA and
+INPAINT_NS, from the ``eval`` extra) and ``gantool`` (the model).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from gantool.errors import InputError
+from gantool.fileio import atomic_save, ensure_writable_dir
+from gantool.masks import MASK_KINDS, generate_mask
+from gantool.processing import image_to_array, read_image, resize_array, to_uint8
+
+log = logging.getLogger(__name__)
+
+CLASSICAL_METHODS = ("mean", "telea", "ns")
+METHOD_NAMES = {
+    "mean": "mean-pixel fill",
+    "telea": "OpenCV Telea",
+    "ns": "OpenCV Navier-Stokes",
+    "gantool": "gantool",
+}
+METRICS = ("psnr_hole", "psnr", "ssim_hole", "ssim", "l1_hole", "l1")
+GRID_COLUMNS = ("masked", "telea", "ns", "gantool", "truth")
+OPENCV_MISSING = 'OpenCV is needed for the classical baselines: pip install "gantool[eval]"'
+INPAINT_RADIUS = 3  # cv2.inpaint's neighbourhood radius, as in OpenCV's own examples
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def image_metrics(prediction: np.ndarray, truth: np.ndarray, mask: np.ndarray) -> dict[str, float]:
+    """Metrics of one H x W x 3 float image in [0, 1] against ``truth`` (mask H x W, 1 = hole).
+
+    Identical images give PSNR = +inf, SSIM = 1 and L1 = 0.
+    """
+    import torch
+
+    from gantool.losses import l1, psnr, ssim
+
+    pred = torch.from_numpy(np.ascontiguousarray(prediction.transpose(2, 0, 1)[None], dtype=np.float32))
+    real = torch.from_numpy(np.ascontiguousarray(truth.transpose(2, 0, 1)[None], dtype=np.float32))
+    hole = torch.from_numpy(np.ascontiguousarray((mask > 0.5)[None, None], dtype=np.float32))
+    ys, xs = np.nonzero(mask > 0.5)
+    if len(ys):
+        rows, cols = slice(ys.min(), ys.max() + 1), slice(xs.min(), xs.max() + 1)
+        ssim_hole = float(ssim(pred[..., rows, cols], real[..., rows, cols])[0])
+    else:
+        ssim_hole = 1.0
+    return {
+        "psnr_hole": float(psnr(pred, real, hole)[0]),
+        "psnr": float(psnr(pred, real)[0]),
+        "ssim_hole": ssim_hole,
+        "ssim": float(ssim(pred, real)[0]),
+        "l1_hole": float(l1(pred, real, hole)[0]),
+        "l1": float(l1(pred, real)[0]),
+    }
+
+
+# ------------------------------------------------------------------------------ data
+
+
+def square_resize(image: np.ndarray, size: int) -> np.ndarray:
+    """Centre square crop, resized to ``size`` x ``size``, quantized to 8 bits (as float)."""
+    height, width = image.shape[:2]
+    side = min(height, width)
+    top, left = (height - side) // 2, (width - side) // 2
+    crop = image[top : top + side, left : left + side]
+    return to_uint8(resize_array(crop, (size, size))).astype(np.float32) / 255.0
+
+
+def find_eval_images(data: str | Path, count: int | None = None) -> list[Path]:
+    from gantool.data import find_images
+
+    paths = find_images(data)
+    if not paths:
+        raise InputError(f"no images in {data}")
+    return paths[:count] if count else paths
+
+
+def seeded_mask(kind: str, seed: int, index: int, size: int, local_size: int) -> np.ndarray:
+    """The hole for image ``index``: depends on (seed, index) only, not on the other images."""
+    if kind not in MASK_KINDS:
+        raise InputError(f"--masks must be one of {', '.join(MASK_KINDS)}, got {kind!r}")
+    mask, _ = generate_mask(kind, np.random.default_rng([seed, index]), size, local_size)
+    return mask
+
+
+# --------------------------------------------------------------------------- methods
+
+
+def import_cv2() -> Any:
+    try:
+        import cv2
+    except ImportError:
+        raise InputError(OPENCV_MISSING) from None
+    return cv2
+
+
+def mean_fill(image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Holes filled with the mean colour of the image's known pixels."""
+    known = mask < 0.5
+    colour = image[known].mean(axis=0) if known.any() else np.full(3, 0.5, np.float32)
+    out = image.copy()
+    out[~known] = colour
+    return out
+
+
+def opencv_inpaint(image: np.ndarray, mask: np.ndarray, method: str, radius: int = INPAINT_RADIUS) -> np.ndarray:
+    """``cv2.inpaint`` (``method`` "telea" or "ns") on the 8-bit image; float result."""
+    cv2 = import_cv2()
+    flag = {"telea": cv2.INPAINT_TELEA, "ns": cv2.INPAINT_NS}[method]
+    # cv2.inpaint treats channels independently, so RGB order needs no swap.
+    filled = cv2.inpaint(to_uint8(image), (mask > 0.5).astype(np.uint8) * 255, radius, flag)
+    return filled.astype(np.float32) / 255.0
+
+
+# ---------------------------------------------------------------------------- results
+
+
+@dataclass
+class EvalResult:
+    settings: dict[str, Any]
+    images: list[str]
+    # method -> metric -> per-image values (in the order of ``images``)
+    per_image: dict[str, dict[str, list[float]]]
+    grid: Path | None = None
+    model: dict[str, str] = field(default_factory=dict)
+
+    def mean(self, method: str, metric: str) -> float:
+        values = self.per_image[method][metric]
+        return float(np.mean(values)) if values else math.nan
+
+    @property
+    def methods(self) -> list[str]:
+        return list(self.per_image)
+
+    def to_dict(self) -> dict[str, Any]:
+        def clean(v: float) -> float | str:
+            return v if math.isfinite(v) else str(v)  # JSON has no inf
+
+        return {
+            "settings": self.settings,
+            "model": self.model,
+            "images": self.images,
+            "mean": {m: {k: clean(self.mean(m, k)) for k in METRICS} for m in self.methods},
+            "per_image": {m: {k: [clean(v) for v in vals] for k, vals in d.items()} for m, d in self.per_image.items()},
+            "grid": str(self.grid) if self.grid else None,
+        }
+
+    def markdown(self) -> str:
+        """The mean over images of every metric, one row per method (best value in bold)."""
+        header = "| method | PSNR hole (dB) | PSNR (dB) | SSIM hole | SSIM | L1 hole | L1 |"
+        lines = [header, "|---|---|---|---|---|---|---|"]
+        best = {}
+        for metric in METRICS:
+            values = [self.mean(m, metric) for m in self.methods]
+            best[metric] = min(values) if metric.startswith("l1") else max(values)
+        for method in self.methods:
+            cells = []
+            for metric in METRICS:
+                value = self.mean(method, metric)
+                text = f"{value:.2f}" if metric.startswith("psnr") else f"{value:.4f}"
+                cells.append(f"**{text}**" if value == best[metric] and len(self.methods) > 1 else text)
+            lines.append(f"| {METHOD_NAMES.get(method, method)} | " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
+
+def comparison_grid(rows: Sequence[dict[str, np.ndarray]], columns: Sequence[str] = GRID_COLUMNS) -> np.ndarray:
+    """uint8 grid: one row per image, ``columns`` side by side (holes white in "masked")."""
+    gap = 2
+    tiles = []
+    for row in rows:
+        cells = []
+        for name in columns:
+            cells.append(to_uint8(row[name]))
+            cells.append(np.full((row[name].shape[0], gap, 3), 255, np.uint8))
+        tiles.append(np.concatenate(cells[:-1], axis=1))
+        tiles.append(np.full((gap, tiles[-1].shape[1], 3), 255, np.uint8))
+    return np.concatenate(tiles[:-1], axis=0)
+
+
+# ------------------------------------------------------------------------------- run
+
+
+def evaluate(
+    model: str | Path | None,
+    data: str | Path,
+    masks: str = "box",
+    size: int = 256,
+    seed: int = 0,
+    local_size: int | None = None,
+    count: int | None = None,
+    provider: str = "auto",
+    backend: str = "auto",
+    grid: str | Path | None = None,
+    grid_rows: int = 8,
+    overwrite: bool = False,
+    classical: bool = True,
+) -> EvalResult:
+    """Score ``model`` (a file, export folder, or None for the shipped model) and
+    the classical baselines on the images under ``data``.
+
+    ``local_size`` is the window holes are drawn in (default ``size // 2``; box
+    holes are local_size/2 to local_size on a side). ``grid`` writes a PNG of
+    the first ``grid_rows`` images: masked | Telea | Navier-Stokes | gantool | truth.
+    """
+    from gantool.inference import inpaint_arrays
+    from gantool.runtime import load_backend
+
+    if size < 16:
+        raise InputError(f"--size must be at least 16, got {size}")
+    local_size = size // 2 if local_size is None else local_size
+    if not 8 <= local_size < size:
+        raise InputError(f"--local-size must be between 8 and --size - 1, got {local_size}")
+    if count is not None and count < 1:
+        raise InputError("--count must be at least 1")
+    if masks not in MASK_KINDS:
+        raise InputError(f"--masks must be one of {', '.join(MASK_KINDS)}, got {masks!r}")
+    grid_path = Path(grid) if grid is not None else None
+    if grid_path is not None:
+        if grid_path.exists() and not overwrite:
+            raise InputError(f"{grid_path} exists (use --overwrite, or another --grid)")
+        ensure_writable_dir(grid_path.parent)  # fail before the work, not after it
+    if classical:
+        import_cv2()  # fail before any work when OpenCV is missing
+    paths = find_eval_images(data, count)
+    runner = load_backend(model, provider, backend)
+
+    methods = [*(CLASSICAL_METHODS if classical else ()), "gantool"]
+    per_image: dict[str, dict[str, list[float]]] = {m: {k: [] for k in METRICS} for m in methods}
+    grid_items: list[dict[str, np.ndarray]] = []
+    for index, path in enumerate(paths):
+        truth = square_resize(image_to_array(read_image(path)), size)
+        mask = seeded_mask(masks, seed, index, size, local_size)
+        hole = mask[..., None] > 0.5
+        outputs: dict[str, np.ndarray] = {}
+        if classical:
+            outputs["mean"] = mean_fill(truth, mask)
+            outputs["telea"] = opencv_inpaint(truth, mask, "telea")
+            outputs["ns"] = opencv_inpaint(truth, mask, "ns")
+        model_out = inpaint_arrays(runner, [(truth, mask)], strategy="full", batch_size=1)[0]
+        outputs["gantool"] = to_uint8(model_out).astype(np.float32) / 255.0  # what would be saved
+        for method in methods:
+            for key, value in image_metrics(outputs[method], truth, mask).items():
+                per_image[method][key].append(value)
+        if grid_path is not None and len(grid_items) < grid_rows:
+            grid_items.append({"masked": np.where(hole, 1.0, truth), "truth": truth, **outputs})
+        log.debug("%s: %s", path.name, {m: round(per_image[m]["psnr_hole"][-1], 2) for m in methods})
+
+    if grid_path is not None:
+        columns = [c for c in GRID_COLUMNS if c in grid_items[0]]
+        picture = comparison_grid(grid_items, columns)
+        atomic_save(grid_path, lambda tmp: Image.fromarray(picture).save(tmp, format="PNG"), overwrite=overwrite)
+    settings = {
+        "data": str(data), "masks": masks, "size": size, "local_size": local_size, "seed": seed,
+        "count": len(paths), "backend": runner.name, "provider": runner.provider,
+        "model_file": str(runner.path), "opencv_radius": INPAINT_RADIUS if classical else None,
+    }
+    model_meta = {k: v for k, v in runner.metadata.items() if k in ("gantool.train_step", "gantool.weights_sha256")}
+    return EvalResult(settings, [p.name for p in paths], per_image, grid_path, model_meta)
