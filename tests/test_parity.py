@@ -147,6 +147,14 @@ def test_sweep_passes_the_reference_itself(eager_reference):
     assert report["passed"] and report["backends"]["suspect"]["max_abs"] == 0.0
 
 
+def test_sweep_skips_large_cases_for_slow_backends(eager_reference):
+    spec = BackendSpec("slow", eager_reference, "fp16", max_pixels=32 * 32)
+    cases = [ParityCase(1, 32, 32, "box"), ParityCase(2, 32, 32, "free"), ParityCase(1, 8, 8, "full")]
+    slow = parity_sweep(eager_reference, [spec], cases, TINY_CONFIG.local_size)["backends"]["slow"]
+    assert [r["case"] for r in slow["cases"]] == ["1x3x32x32 box", "1x3x8x8 full"]
+    assert slow["skipped_cases"] == 1 and slow["passed"]
+
+
 def test_sweep_fails_an_error_above_atol_in_the_hole(eager_reference):
     def drifting(image, mask):
         return eager_reference(image, mask) + (1e-3 * mask).astype(np.float32)

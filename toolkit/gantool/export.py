@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -41,6 +42,7 @@ from gantool.errors import CheckpointError, InputError, ModelError
 from gantool.fileio import atomic_path, atomic_write_text, ensure_writable_dir
 from gantool.networks import CompletionNetwork, fold_batchnorm
 from gantool.parity import (
+    Backend,
     BackendSpec,
     ParityCase,
     cuda_worth_trying,
@@ -356,6 +358,7 @@ def export_generator(
         for key in ("onnx", "onnx_fp16", "torchscript"):
             if key not in tmp:
                 continue
+            logger.info("exporting %s", targets[key].name)
             start = time.perf_counter()
             if key == "onnx":
                 export_onnx(folded, example, tmp[key], metadata, opset)
@@ -389,6 +392,17 @@ def export_generator(
     return ExportResult(checkpoint_path, out_dir, targets, sizes, metadata, report, notes)
 
 
+def _device_backend(module: nn.Module, cuda: bool) -> Backend:
+    if not cuda:
+        return torch_backend(module)
+
+    def run(image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return module(torch.from_numpy(image).cuda(), torch.from_numpy(mask).cuda()).cpu().numpy()
+
+    return run
+
+
 def verify_exports(
     generator: CompletionNetwork,
     folded: nn.Module,
@@ -409,11 +423,16 @@ def verify_exports(
         backends.append(BackendSpec(f"onnxruntime-cpu{suffix}", onnxruntime_backend(onnx_session(path)), precision))
     notes: list[str] = []
     if "onnx_fp16" in files:
-        backends.append(BackendSpec("eager-fp16", torch_backend(HalfPrecisionGenerator(folded).eval()), "fp16"))
+        # torch's fp16 CPU convolutions are slow: on the CPU check the cases up to one training-size image.
+        on_gpu = torch.cuda.is_available()
+        half = HalfPrecisionGenerator(folded).eval().to("cuda" if on_gpu else "cpu")
+        max_pixels = None if on_gpu else generator.config.size**2
+        backends.append(BackendSpec("eager-fp16", _device_backend(half, on_gpu), "fp16", max_pixels))
         notes.append(
             "ONNX Runtime's CPU provider lacks most fp16 kernels and runs the fp16 model's body in "
             "float32 (weights upcast), so onnxruntime-cpu-fp16 measures fp16 weight rounding only; "
-            "eager-fp16 runs torch's fp16 CPU kernels; only onnxruntime-cuda-fp16 measures the GPU path."
+            "eager-fp16 runs torch's fp16 kernels (on the CPU only over cases up to one training-size image); "
+            "only onnxruntime-cuda-fp16 measures the exported fp16 model's GPU path."
         )
     want_cuda = cuda_worth_trying() if cuda is None else cuda
     if onnx_files and not want_cuda:
@@ -428,6 +447,7 @@ def verify_exports(
                 continue
             backends.append(BackendSpec(f"onnxruntime-cuda{suffix}", onnxruntime_backend(session), precision))
     cases = list(cases) if cases is not None else default_cases(generator.config)
+    logger.info("parity check: %d cases x %d backends against eager PyTorch", len(cases), len(backends))
     reference = torch_backend(generator)
     report = parity_sweep(reference, backends, cases, generator.config.local_size, atol, MIN_FP16_PSNR)
     report["reference"] = "eager PyTorch, unfolded generator, eval mode, float32, CPU"

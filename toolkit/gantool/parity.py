@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes.util
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ class BackendSpec:
     name: str
     run: Backend
     precision: str = "fp32"  # "fp32": judged by atol; "fp16": judged by PSNR
+    max_pixels: int | None = None  # skip cases with more N*H*W pixels (slow backends)
 
 
 def default_cases(config: ModelConfig) -> list[ParityCase]:
@@ -128,14 +130,19 @@ def parity_sweep(
     error's first line; it never hides the other backends' results.
     """
     results: dict[str, list[dict[str, Any]]] = {spec.name: [] for spec in backends}
+    seconds = dict.fromkeys(results, 0.0)
     for case in cases:
         image, mask = case_inputs(case, local_size, seed)
         expected = reference(image, mask)
         for spec in backends:
+            if spec.max_pixels is not None and case.batch * case.height * case.width > spec.max_pixels:
+                continue
+            start = time.perf_counter()
             try:
                 row = compare(spec.run(image, mask), expected, image, mask)
             except Exception as e:  # report any backend failure as a failed case
                 row = {"error": f"{type(e).__name__}: {first_line(e)}"}
+            seconds[spec.name] += time.perf_counter() - start
             row = {"case": case.label, **row}
             row["passed"] = _case_passes(row, spec.precision, atol, min_psnr)
             results[spec.name].append(row)
@@ -152,6 +159,8 @@ def parity_sweep(
             "min_psnr_uint8": min((r["psnr_uint8"] for r in ok_rows), default=0.0),
             "known_exact": all(r.get("known_exact", False) for r in rows),
             "errors": sorted({r["error"] for r in rows if "error" in r}),
+            "seconds": round(seconds[spec.name], 3),  # informative only, never a gate
+            "skipped_cases": len(cases) - len(rows),
             "cases": rows,
         }
     return {
@@ -185,11 +194,12 @@ def failures(report: dict[str, Any]) -> list[str]:
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
     """A small table: one row per backend with its worst figures over the sweep."""
-    lines = [f"{'backend':<24} {'max abs':>9} {'in hole':>9} {'PSNR u8':>9}  known   result"]
+    lines = [f"{'backend':<24} {'cases':>5} {'max abs':>9} {'in hole':>9} {'PSNR u8':>9}  known   result"]
     for name, b in report["backends"].items():
         psnr = "inf" if math.isinf(b["min_psnr_uint8"]) else f"{b['min_psnr_uint8']:.1f}"
+        cases = f"{len(b['cases'])}/{len(b['cases']) + b['skipped_cases']}"
         lines.append(
-            f"{name:<24} {b['max_abs']:>9.2e} {b['max_abs_hole']:>9.2e} {psnr:>9}  "
+            f"{name:<24} {cases:>5} {b['max_abs']:>9.2e} {b['max_abs_hole']:>9.2e} {psnr:>9}  "
             f"{'exact' if b['known_exact'] else 'CHANGED':<7} {'ok' if b['passed'] else 'FAIL'}"
         )
     return lines
