@@ -3,16 +3,23 @@
 ``bench_train`` times gantool's joint training step against a reproduction of
 GLCIC-PyTorch's phase-3 iteration on the same networks, batch and machine
 (fp32, NCHW, Adadelta, sigmoid + BCE, and D's weight gradients computed during
-G's backward, as that implementation does). Never used by tests for timing.
+G's backward, as that implementation does). ``bench_inpaint`` times the
+inference backends (eager, TorchScript, ONNX Runtime) per provider, size and
+batch, and measures the inference goals. Never used by tests for timing.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
+import sys
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -132,4 +139,339 @@ def bench_train(
     }
     if reference:
         result["speedup_vs_reference"] = rows[1]["median_s_per_iter"] / rows[0]["median_s_per_iter"]
+    return result
+
+
+# ------------------------------------------------------------------------ bench inpaint
+
+INPAINT_BACKENDS = ("eager", "torchscript", "onnx")
+
+
+def _peak_rss_reset() -> bool:
+    """Reset the kernel's peak-RSS counter (Linux: writing 5 to /proc/self/clear_refs)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _status_kb(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+class _PeakMemory:
+    """Peak resident memory above the starting point while the block runs, in MB.
+
+    Linux: VmHWM after the block minus VmRSS before it, with the peak counter
+    reset first (so native allocations of torch and ONNX Runtime count, which
+    tracemalloc cannot see). Elsewhere: the growth of ru_maxrss, a lower bound
+    (0 when an earlier run already went higher).
+    """
+
+    def __enter__(self) -> "_PeakMemory":
+        import resource
+
+        self.exact = _peak_rss_reset()
+        self.start_kb = _status_kb("VmRSS") if self.exact else None
+        if self.start_kb is None:
+            self.exact = False
+            scale = 1 if sys.platform != "darwin" else 1024  # ru_maxrss is bytes on macOS, KiB on Linux
+            self.start_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // scale
+        self.peak_mb: float | None = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import resource
+
+        if self.exact:
+            peak_kb = _status_kb("VmHWM")
+        else:
+            scale = 1 if sys.platform != "darwin" else 1024
+            peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // scale
+        if peak_kb is not None and self.start_kb is not None:
+            self.peak_mb = max(0, peak_kb - self.start_kb) / 1024
+
+
+class _TracedTorchScript:
+    """The BN-folded eager generator traced in memory: the TorchScript backend
+    for a model folder that ships no generator.torchscript.pt (as models/)."""
+
+    name = "torchscript"
+
+    def __init__(self, eager: Any) -> None:
+        from gantool.networks import fold_batchnorm
+
+        folded = fold_batchnorm(eager.module.cpu()).to(eager.device)
+        side = eager.size_multiple * 8
+        example = (torch.rand(1, 3, side, side, device=eager.device), torch.zeros(1, 1, side, side, device=eager.device))
+        with torch.no_grad(), warnings.catch_warnings():
+            # Local: TorchScript's deprecation notice is not the user's concern here.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.module = torch.jit.trace(folded, example, check_trace=False)
+        self.device, self.provider, self.config = eager.device, eager.provider, eager.config
+        self.size_multiple, self.train_size = eager.size_multiple, eager.train_size
+
+    def run(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            out = self.module(torch.from_numpy(image).to(self.device), torch.from_numpy(mask).to(self.device))
+        return out.float().cpu().numpy()
+
+
+def open_inpaint_backend(model: str | Path | None, backend: str, provider: str) -> tuple[Any, str]:
+    """(runner with ``run(image, mask)``, note) for one backend on one provider."""
+    from gantool.errors import ModelError
+    from gantool.runtime import load_backend
+
+    try:
+        return load_backend(model, provider, backend), ""
+    except ModelError:
+        if backend != "torchscript":
+            raise
+    eager = load_backend(model, provider, "eager")
+    return _TracedTorchScript(eager), "no generator.torchscript.pt: the folded generator traced in memory"
+
+
+def count_generator_flops(config: Any, size: int, batch: int) -> int:
+    """FLOPs of one eager generator forward (torch.utils.flop_counter; 2 per multiply-add)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from gantool.networks import CompletionNetwork
+
+    generator = CompletionNetwork(config).eval()  # FLOPs depend on shapes only, not on weights
+    image, mask = torch.zeros(batch, 3, size, size), torch.zeros(batch, 1, size, size)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        generator(image, mask)
+    return int(counter.get_total_flops())
+
+
+def _bench_inputs(size: int, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    image = rng.random((batch, 3, size, size), dtype=np.float32)
+    mask = np.zeros((batch, 1, size, size), np.float32)
+    mask[..., size // 4 : size // 2, size // 4 : size // 2] = 1.0
+    return image, mask
+
+
+def _resolve_providers(providers: Sequence[str]) -> list[str]:
+    from gantool.runtime import cuda_device_visible
+
+    out: list[str] = []
+    for p in providers:
+        if p == "auto":
+            out += ["cpu", "cuda"] if cuda_device_visible() else ["cpu"]
+        else:
+            out.append(p)
+    return list(dict.fromkeys(out))
+
+
+def _error_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+
+
+def bench_backend_rows(
+    model: str | Path | None, backends: Sequence[str], providers: Sequence[str], sizes: Sequence[int],
+    batches: Sequence[int], repeats: int, warmup: int,
+) -> list[dict[str, Any]]:
+    from gantool.errors import GantoolError
+
+    rows: list[dict[str, Any]] = []
+    flops: dict[tuple[int, int], int] = {}
+    for backend in backends:
+        for provider in providers:
+            base = {"backend": backend, "provider": provider}
+            try:
+                runner, note = open_inpaint_backend(model, backend, provider)
+            except GantoolError as e:
+                rows.append({**base, "error": _error_line(e)})
+                continue
+            base["provider"] = runner.provider  # what really runs
+            for size in sizes:
+                for batch in batches:
+                    row = {**base, "size": size, "batch": batch, "note": note}
+                    if size % runner.size_multiple:
+                        rows.append({**row, "error": f"size must be a multiple of {runner.size_multiple}"})
+                        continue
+                    key = (size, batch)
+                    if key not in flops:
+                        flops[key] = count_generator_flops(runner.config, size, batch)
+                    image, mask = _bench_inputs(size, batch)
+                    gpu = "cuda" in str(runner.provider).lower()
+                    if gpu and torch.cuda.is_available():
+                        torch.cuda.reset_peak_memory_stats()
+                    try:
+                        with _PeakMemory() as memory:
+                            times = _timed(lambda: runner.run(image, mask), repeats, warmup, torch.device("cpu"))
+                    except (GantoolError, MemoryError, RuntimeError) as e:
+                        rows.append({**row, "error": _error_line(e)})
+                        continue
+                    median = statistics.median(times)
+                    row.update({
+                        "median_ms_per_batch": median * 1e3,
+                        "median_ms_per_image": median * 1e3 / batch,
+                        "images_per_s": batch / median,
+                        "gflop_per_image": flops[key] / batch / 1e9,
+                        "achieved_gflop_per_s": flops[key] / median / 1e9,
+                        "peak_rss_mb": memory.peak_mb,
+                        "peak_rss_exact": memory.exact,
+                        "peak_cuda_mb": (torch.cuda.max_memory_allocated() / 2**20
+                                         if gpu and backend != "onnx" and torch.cuda.is_available() else None),
+                        "runs": repeats,
+                    })
+                    rows.append(row)
+    return rows
+
+
+class _TimedBackend:
+    """Delegates to a backend and sums the seconds spent in ``run``."""
+
+    def __init__(self, backend: Any) -> None:
+        self._backend, self.run_seconds, self.calls = backend, 0.0, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def run(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        start = time.perf_counter()
+        try:
+            return self._backend.run(image, mask)
+        finally:
+            self.run_seconds += time.perf_counter() - start
+            self.calls += 1
+
+
+def _box_mask_array(size: int, hole: int) -> np.ndarray:
+    mask = np.zeros((size, size), np.uint8)
+    start = (size - hole) // 2
+    mask[start : start + hole, start : start + hole] = 255
+    return mask
+
+
+def bench_end_to_end(model: str | Path | None, images: int, size: int, provider: str, strategy: str = "auto",
+                     batch_size: int = 4) -> dict[str, Any]:
+    """``gantool inpaint``'s file loop (read, mask, pre/post-process, run, write PNG)
+    over ``images`` files of ``size`` px: wall time against summed backend.run time."""
+    import tempfile
+
+    from PIL import Image
+
+    from gantool.inference import MaskSource, collect_images, inpaint_files, plan_jobs
+    from gantool.runtime import load_backend
+
+    start = time.perf_counter()
+    backend = _TimedBackend(load_backend(model, provider, "onnx"))
+    load_s = time.perf_counter() - start
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory(prefix="gantool-bench-") as tmp:
+        folder, out = Path(tmp) / "images", Path(tmp) / "out"
+        folder.mkdir()
+        # Smooth images with noise: PNG sizes like photos', not like flat colour.
+        y, x = np.mgrid[0:size, 0:size].astype(np.float32) / size
+        for i in range(images):
+            base = np.stack([x, y, (x + y) / 2], axis=2) * 180 + rng.integers(0, 60, (size, size, 3))
+            Image.fromarray(base.astype(np.uint8)).save(folder / f"img_{i:03d}.png")
+        mask_path = Path(tmp) / "mask.png"
+        Image.fromarray(_box_mask_array(size, size // 4)).save(mask_path)
+        masks = MaskSource(mask_path)
+        jobs = plan_jobs(collect_images([folder]), out)
+        start = time.perf_counter()
+        summary = inpaint_files(backend, jobs, masks, strategy=strategy, batch_size=batch_size)
+        wall = time.perf_counter() - start
+    outside = max(0.0, wall - backend.run_seconds)
+    return {
+        "images": images, "size": size, "strategy": strategy, "batch_size": batch_size,
+        "backend": "onnx", "provider": backend.provider, "failed": summary.failed,
+        "model_load_s": load_s, "wall_s": wall, "model_run_s": backend.run_seconds, "run_calls": backend.calls,
+        "outside_model_fraction": outside / wall if wall > 0 else None,
+        "measures": "inference.inpaint_files (what `gantool inpaint` runs after loading the model): "
+                    "wall time vs the summed backend.run time",
+    }
+
+
+def bench_crop(model: str | Path | None, provider: str, large: int = 2048, small: int = 256, hole: int = 128,
+               repeats: int = 3) -> dict[str, Any]:
+    """--strategy crop on a ``large`` image with one ``hole`` x ``hole`` hole vs
+    --strategy full on a ``small`` image with the same hole (PIL image in, PIL image out)."""
+    from PIL import Image
+
+    from gantool.inference import inpaint_images
+    from gantool.runtime import load_backend
+
+    backend = load_backend(model, provider, "onnx")
+    rng = np.random.default_rng(0)
+    timings = {}
+    for name, side, strategy in (("large_crop", large, "crop"), ("small_full", small, "full")):
+        picture = Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8))
+        mask = (_box_mask_array(side, min(hole, side // 2)) > 127).astype(np.float32)
+        run = lambda: inpaint_images(backend, [(picture, mask)], strategy=strategy, batch_size=1)  # noqa: E731
+        timings[name] = statistics.median(_timed(run, repeats, 1, torch.device("cpu")))
+    return {
+        "large": large, "small": small, "hole": hole, "provider": backend.provider,
+        "large_crop_s": timings["large_crop"], "small_full_s": timings["small_full"],
+        "ratio": timings["large_crop"] / timings["small_full"],
+    }
+
+
+def bench_inpaint(
+    model: str | Path | None = None,
+    sizes: Sequence[int] = (256, 512),
+    batches: Sequence[int] = (1, 8),
+    backends: Sequence[str] = INPAINT_BACKENDS,
+    providers: Sequence[str] = ("auto",),
+    repeats: int = 5,
+    warmup: int = 1,
+    e2e_images: int = 32,
+    e2e_size: int = 512,
+    crop_check: bool = True,
+    goal_provider: str = "cpu",
+) -> dict[str, Any]:
+    """Median ms per image, images/s, achieved GFLOP/s and peak memory for each
+    backend x provider x size x batch, plus the three inference goals measured
+    side by side (ORT CPU vs eager at 512 px batch 1; time outside the model in
+    the file loop; crop on 2048 px vs a 256 px image). Never used for timed tests."""
+    from gantool.errors import InputError
+
+    unknown = [b for b in backends if b not in INPAINT_BACKENDS]
+    if unknown:
+        raise InputError(f"unknown backend {unknown[0]!r} (choose from {', '.join(INPAINT_BACKENDS)})")
+    if not sizes or not batches or min(sizes) < 4 or min(batches) < 1:
+        raise InputError("--sizes and --batch need positive values (sizes at least 4)")
+    if repeats < 1 or warmup < 0 or e2e_images < 0:
+        raise InputError("--repeats must be at least 1; --warmup and --e2e-images at least 0")
+    resolved = _resolve_providers(providers)
+    rows = bench_backend_rows(model, backends, resolved, sizes, batches, repeats, warmup)
+    result: dict[str, Any] = {
+        "benchmark": "inpaint",
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "model": str(model) if model is not None else "(shipped model)",
+        "rows": rows,
+        "peak_memory": "peak resident memory above the process's level before each measurement "
+                       "(Linux VmHWM, reset per measurement; else ru_maxrss growth, a lower bound)",
+        "goals": {},
+    }
+    goals = result["goals"]
+    timed = {(r["backend"], r["provider"], r["size"], r["batch"]): r for r in rows if "error" not in r}
+    eager = timed.get(("eager", "cpu", 512, 1))
+    ort_cpu = timed.get(("onnx", "CPUExecutionProvider", 512, 1))
+    if eager and ort_cpu:
+        speedup = eager["median_ms_per_image"] / ort_cpu["median_ms_per_image"]
+        goals["ort_cpu_vs_eager_512_b1"] = {"speedup": speedup, "goal": 1.2, "met": speedup >= 1.2}
+    if e2e_images:
+        e2e = bench_end_to_end(model, e2e_images, e2e_size, goal_provider)
+        e2e.update(goal=0.15, met=e2e["outside_model_fraction"] is not None and e2e["outside_model_fraction"] <= 0.15)
+        goals["end_to_end_outside_model"] = e2e
+    if crop_check:
+        crop = bench_crop(model, goal_provider)
+        crop.update(goal=2.0, met=crop["ratio"] <= 2.0)
+        goals["crop_2048_vs_256"] = crop
     return result

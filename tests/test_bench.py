@@ -1,0 +1,158 @@
+"""gantool bench inpaint on a tiny model: the JSON schema, FLOP counting, the
+in-memory TorchScript fallback, the memory probe and the goal measurements.
+Nothing here asserts a speed: timings are only checked to be positive."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from gantool.benchmarks import (
+    _PeakMemory,
+    _TimedBackend,
+    bench_crop,
+    bench_end_to_end,
+    bench_inpaint,
+    count_generator_flops,
+    open_inpaint_backend,
+)
+from gantool.cli import cli
+from gantool.config import ModelConfig
+from gantool.errors import InputError
+from gantool.runtime import load_backend
+from inpaint_helpers import GPU_ONLY, exported_model  # noqa: F401 (fixture)
+
+ROW_KEYS = {
+    "backend", "provider", "size", "batch", "note", "median_ms_per_batch", "median_ms_per_image", "images_per_s",
+    "gflop_per_image", "achieved_gflop_per_s", "peak_rss_mb", "peak_rss_exact", "peak_cuda_mb", "runs",
+}
+
+
+def test_flops_scale_with_pixels_and_batch():
+    config = ModelConfig(width=4, disc_width=2, disc_fc=8, size=32, local_size=16)
+    base = count_generator_flops(config, 32, 1)
+    assert base > 0
+    assert count_generator_flops(config, 64, 1) == 4 * base  # fully convolutional
+    assert count_generator_flops(config, 32, 3) == 3 * base
+    # The first conv alone (5x5, 4 -> width channels, 2 FLOPs per multiply-add) is a lower bound.
+    assert base > 2 * 5 * 5 * 4 * config.width * 32 * 32
+
+
+def test_bench_inpaint_json_schema(exported_model):
+    result = bench_inpaint(exported_model.folder, sizes=[32], batches=[1, 2], providers=["cpu"], repeats=1,
+                           warmup=0, e2e_images=2, e2e_size=32, crop_check=False)
+    json.dumps(result)  # serialisable as is
+    assert result["benchmark"] == "inpaint"
+    rows = result["rows"]
+    assert [(r["backend"], r["batch"]) for r in rows] == [
+        ("eager", 1), ("eager", 2), ("torchscript", 1), ("torchscript", 2), ("onnx", 1), ("onnx", 2)]
+    for row in rows:
+        assert set(row) == ROW_KEYS, row
+        assert row["median_ms_per_image"] > 0 and row["images_per_s"] > 0 and row["achieved_gflop_per_s"] > 0
+        assert row["median_ms_per_image"] == pytest.approx(row["median_ms_per_batch"] / row["batch"])
+        assert row["peak_rss_mb"] is not None and row["peak_rss_mb"] >= 0
+    assert {r["provider"] for r in rows if r["backend"] == "onnx"} == {"CPUExecutionProvider"}
+    # FLOPs per image do not depend on the batch.
+    assert rows[0]["gflop_per_image"] == pytest.approx(rows[1]["gflop_per_image"])
+    e2e = result["goals"]["end_to_end_outside_model"]
+    assert e2e["failed"] == 0 and e2e["run_calls"] >= 1
+    assert 0 <= e2e["outside_model_fraction"] <= 1 and e2e["met"] == (e2e["outside_model_fraction"] <= 0.15)
+    assert "crop_2048_vs_256" not in result["goals"]
+
+
+def test_torchscript_is_traced_in_memory_when_the_folder_has_none(exported_model, tmp_path: Path):
+    folder = tmp_path / "shipped"
+    folder.mkdir()
+    for name in ("generator.onnx", "generator.safetensors"):  # what models/ ships
+        shutil.copy(exported_model.folder / name, folder / name)
+    traced, note = open_inpaint_backend(folder, "torchscript", "cpu")
+    assert "traced in memory" in note
+    eager = load_backend(folder, "cpu", "eager")
+    rng = np.random.default_rng(0)
+    image = rng.random((2, 3, 32, 48), dtype=np.float32)
+    mask = np.zeros((2, 1, 32, 48), np.float32)
+    mask[..., 8:20, 10:30] = 1
+    np.testing.assert_allclose(traced.run(image, mask), eager.run(image, mask), atol=1e-5)
+    with pytest.raises(Exception, match="no model"):
+        open_inpaint_backend(tmp_path, "onnx", "cpu")
+
+
+def test_peak_memory_sees_native_allocations():
+    with _PeakMemory() as memory:
+        block = torch.ones(64 * 2**20 // 4)  # 64 MB allocated by torch, invisible to tracemalloc
+        block += 1
+        del block
+    assert memory.peak_mb is not None
+    if memory.exact:
+        assert memory.peak_mb >= 50
+
+
+def test_timed_backend_sums_run_time_and_delegates(exported_model):
+    backend = _TimedBackend(load_backend(exported_model.onnx, "cpu", "onnx"))
+    image, mask = np.zeros((1, 3, 32, 32), np.float32), np.zeros((1, 1, 32, 32), np.float32)
+    backend.run(image, mask)
+    backend.run(image, mask)
+    assert backend.calls == 2 and backend.run_seconds > 0
+    assert backend.size_multiple == 4 and backend.provider == "CPUExecutionProvider"
+
+
+def test_end_to_end_and_crop_measurements(exported_model):
+    e2e = bench_end_to_end(exported_model.onnx, images=3, size=48, provider="cpu", strategy="full", batch_size=2)
+    assert e2e["failed"] == 0 and e2e["run_calls"] == 2  # batches of 2: 2 + 1
+    assert 0 < e2e["model_run_s"] <= e2e["wall_s"]
+    crop = bench_crop(exported_model.onnx, "cpu", large=256, small=64, hole=16, repeats=1)
+    assert crop["ratio"] == pytest.approx(crop["large_crop_s"] / crop["small_full_s"])
+
+
+def test_bad_options_raise_input_errors(exported_model):
+    with pytest.raises(InputError, match="unknown backend"):
+        bench_inpaint(exported_model.folder, backends=["tensorflow"])
+    with pytest.raises(InputError):
+        bench_inpaint(exported_model.folder, sizes=[], batches=[1])
+
+
+def test_unavailable_provider_becomes_an_error_row(exported_model):
+    rows = bench_inpaint(exported_model.folder, sizes=[32], batches=[1], backends=["eager"], providers=["tensorrt"],
+                         repeats=1, warmup=0, e2e_images=0, crop_check=False)["rows"]
+    assert len(rows) == 1 and "tensorrt" in rows[0]["error"]
+
+
+def test_cli_json_and_errors(exported_model, tmp_path: Path):
+    runner = CliRunner()
+    args = ["bench", "inpaint", str(exported_model.folder), "--sizes", "32", "--batch", "1", "--backends", "onnx",
+            "--providers", "cpu", "--repeats", "1", "--warmup", "0", "--e2e-images", "0", "--no-crop-check"]
+    result = runner.invoke(cli, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert len(data["rows"]) == 1 and set(data["rows"][0]) == ROW_KEYS
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 0 and "| onnx | CPUExecutionProvider | 32 | 1 |" in result.output
+    result = runner.invoke(cli, ["bench", "inpaint", str(exported_model.folder), "--sizes", "a,b"])
+    assert result.exit_code == 2 and "comma-separated integers" in result.output
+    result = runner.invoke(cli, ["bench", "inpaint", str(tmp_path / "missing"), "--e2e-images", "0"])
+    assert result.exit_code == 1 and "not found" in result.output and "Traceback" not in result.output
+
+
+def test_console_entry_runs_bench_inpaint(exported_model, subprocess_env):
+    proc = subprocess.run(
+        [sys.executable, "-m", "gantool", "bench", "inpaint", str(exported_model.onnx), "--sizes", "32", "--batch", "1",
+         "--backends", "onnx", "--providers", "cpu", "--repeats", "1", "--e2e-images", "0", "--no-crop-check", "--json"],
+        capture_output=True, text=True, env=subprocess_env, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["rows"][0]["backend"] == "onnx"
+
+
+@GPU_ONLY
+def test_cuda_rows_on_a_gpu_machine(exported_model):
+    rows = bench_inpaint(exported_model.folder, sizes=[32], batches=[1], backends=["onnx"], providers=["cuda"],
+                         repeats=1, warmup=1, e2e_images=0, crop_check=False)["rows"]
+    assert rows[0].get("provider") == "CUDAExecutionProvider", rows[0]
