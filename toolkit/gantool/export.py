@@ -436,7 +436,8 @@ def verify_exports(
         )
     want_cuda = cuda_worth_trying() if cuda is None else cuda
     if onnx_files and not want_cuda:
-        notes.append("onnxruntime-cuda not checked: no CUDA device found")
+        why = "not requested (--no-cuda)" if cuda is False else "no CUDA device found"
+        notes.append(f"onnxruntime-cuda not checked: {why}")
     elif onnx_files:
         for name, path in onnx_files.items():
             suffix, precision = ("-fp16", "fp16") if name == "onnx_fp16" else ("", "fp32")
