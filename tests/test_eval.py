@@ -171,9 +171,12 @@ def test_evaluate_scores_every_method_and_known_pixels_stay_exact(exported_model
             assert gap == pytest.approx(-10 * math.log10(fraction), abs=1e-3)
     with Image.open(grid) as picture:
         assert picture.size == (5 * 32 + 4 * 2, 3 * 32 + 2 * 2)
-    # Seeded: a second run gives the same numbers.
+    # Seeded: a second run gives the same numbers; more holes per image extend them.
     again = evaluate(exported_model.onnx, image_folder, masks="box", size=32, seed=5)
     assert again.per_image == result.per_image
+    more = evaluate(exported_model.onnx, image_folder, masks="box", size=32, seed=5, masks_per_image=2)
+    assert more.images[:2] == ["img0.png#0", "img0.png#1"] and len(more.images) == 6
+    assert more.per_image["gantool"]["psnr"][::2] == result.per_image["gantool"]["psnr"]
 
 
 def test_evaluate_refuses_bad_options_before_any_work(exported_model, image_folder: Path, tmp_path: Path):
@@ -237,5 +240,5 @@ def test_console_entry_runs_eval(exported_model, image_folder: Path, tmp_path: P
         capture_output=True, text=True, env=subprocess_env, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "2 image(s)" in proc.stdout and "| gantool |" in proc.stdout
+    assert "2 image(s) x 1 hole(s)" in proc.stdout and "| gantool |" in proc.stdout
     assert (tmp_path / "g.png").is_file()

@@ -98,11 +98,12 @@ def find_eval_images(data: str | Path, count: int | None = None) -> list[Path]:
     return paths[:count] if count else paths
 
 
-def seeded_mask(kind: str, seed: int, index: int, size: int, local_size: int) -> np.ndarray:
-    """The hole for image ``index``: depends on (seed, index) only, not on the other images."""
+def seeded_mask(kind: str, seed: int, index: int, size: int, local_size: int, draw: int = 0) -> np.ndarray:
+    """Hole number ``draw`` for image ``index``: depends on (seed, index, draw) only,
+    not on the other images."""
     if kind not in MASK_KINDS:
         raise InputError(f"--masks must be one of {', '.join(MASK_KINDS)}, got {kind!r}")
-    mask, _ = generate_mask(kind, np.random.default_rng([seed, index]), size, local_size)
+    mask, _ = generate_mask(kind, np.random.default_rng([seed, index, draw]), size, local_size)
     return mask
 
 
@@ -211,6 +212,7 @@ def evaluate(
     seed: int = 0,
     local_size: int | None = None,
     count: int | None = None,
+    masks_per_image: int = 1,
     provider: str = "auto",
     backend: str = "auto",
     grid: str | Path | None = None,
@@ -222,10 +224,10 @@ def evaluate(
     the classical baselines on the images under ``data``.
 
     ``local_size`` is the window holes are drawn in (default ``size // 2``; box
-    holes are local_size/2 to local_size on a side). ``grid`` writes a PNG of
-    the first ``grid_rows`` images: masked | Telea | Navier-Stokes | gantool | truth.
+    holes are local_size/2 to local_size on a side); each image is scored with
+    ``masks_per_image`` different holes. ``grid`` writes a PNG of the first
+    ``grid_rows`` samples: masked | Telea | Navier-Stokes | gantool | truth.
     """
-    from gantool.inference import inpaint_arrays
     from gantool.runtime import load_backend
 
     if size < 16:
@@ -235,6 +237,8 @@ def evaluate(
         raise InputError(f"--local-size must be between 8 and --size - 1, got {local_size}")
     if count is not None and count < 1:
         raise InputError("--count must be at least 1")
+    if masks_per_image < 1:
+        raise InputError("--masks-per-image must be at least 1")
     if masks not in MASK_KINDS:
         raise InputError(f"--masks must be one of {', '.join(MASK_KINDS)}, got {masks!r}")
     grid_path = Path(grid) if grid is not None else None
@@ -250,23 +254,13 @@ def evaluate(
     methods = [*(CLASSICAL_METHODS if classical else ()), "gantool"]
     per_image: dict[str, dict[str, list[float]]] = {m: {k: [] for k in METRICS} for m in methods}
     grid_items: list[dict[str, np.ndarray]] = []
+    samples = []
     for index, path in enumerate(paths):
         truth = square_resize(image_to_array(read_image(path)), size)
-        mask = seeded_mask(masks, seed, index, size, local_size)
-        hole = mask[..., None] > 0.5
-        outputs: dict[str, np.ndarray] = {}
-        if classical:
-            outputs["mean"] = mean_fill(truth, mask)
-            outputs["telea"] = opencv_inpaint(truth, mask, "telea")
-            outputs["ns"] = opencv_inpaint(truth, mask, "ns")
-        model_out = inpaint_arrays(runner, [(truth, mask)], strategy="full", batch_size=1)[0]
-        outputs["gantool"] = to_uint8(model_out).astype(np.float32) / 255.0  # what would be saved
-        for method in methods:
-            for key, value in image_metrics(outputs[method], truth, mask).items():
-                per_image[method][key].append(value)
-        if grid_path is not None and len(grid_items) < grid_rows:
-            grid_items.append({"masked": np.where(hole, 1.0, truth), "truth": truth, **outputs})
-        log.debug("%s: %s", path.name, {m: round(per_image[m]["psnr_hole"][-1], 2) for m in methods})
+        for draw in range(masks_per_image):
+            samples.append(f"{path.name}#{draw}" if masks_per_image > 1 else path.name)
+            _score(runner, truth, seeded_mask(masks, seed, index, size, local_size, draw), methods, classical,
+                   per_image, grid_items if grid_path is not None and len(grid_items) < grid_rows else None)
 
     if grid_path is not None:
         columns = [c for c in GRID_COLUMNS if c in grid_items[0]]
@@ -274,8 +268,30 @@ def evaluate(
         atomic_save(grid_path, lambda tmp: Image.fromarray(picture).save(tmp, format="PNG"), overwrite=overwrite)
     settings = {
         "data": str(data), "masks": masks, "size": size, "local_size": local_size, "seed": seed,
-        "count": len(paths), "backend": runner.name, "provider": runner.provider,
-        "model_file": str(runner.path), "opencv_radius": INPAINT_RADIUS if classical else None,
+        "count": len(paths), "masks_per_image": masks_per_image, "backend": runner.name,
+        "provider": runner.provider, "model_file": str(runner.path),
+        "opencv_radius": INPAINT_RADIUS if classical else None,
     }
     model_meta = {k: v for k, v in runner.metadata.items() if k in ("gantool.train_step", "gantool.weights_sha256")}
-    return EvalResult(settings, [p.name for p in paths], per_image, grid_path, model_meta)
+    return EvalResult(settings, samples, per_image, grid_path, model_meta)
+
+
+def _score(
+    runner: Any, truth: np.ndarray, mask: np.ndarray, methods: list[str], classical: bool,
+    per_image: dict[str, dict[str, list[float]]], grid_items: list[dict[str, np.ndarray]] | None,
+) -> None:
+    """Fill one hole with every method; append the metrics (and a grid row)."""
+    from gantool.inference import inpaint_arrays
+
+    outputs: dict[str, np.ndarray] = {}
+    if classical:
+        outputs["mean"] = mean_fill(truth, mask)
+        outputs["telea"] = opencv_inpaint(truth, mask, "telea")
+        outputs["ns"] = opencv_inpaint(truth, mask, "ns")
+    model_out = inpaint_arrays(runner, [(truth, mask)], strategy="full", batch_size=1)[0]
+    outputs["gantool"] = to_uint8(model_out).astype(np.float32) / 255.0  # what would be saved
+    for method in methods:
+        for key, value in image_metrics(outputs[method], truth, mask).items():
+            per_image[method][key].append(value)
+    if grid_items is not None:
+        grid_items.append({"masked": np.where(mask[..., None] > 0.5, 1.0, truth), "truth": truth, **outputs})

@@ -27,6 +27,8 @@ Examples:
               help="Window the holes are drawn in (box holes: half of it to all of it).  [default: size/2]")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the holes.")
 @click.option("--count", type=click.IntRange(min=1), default=None, help="Use only the first N images.")
+@click.option("--masks-per-image", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Score each image with this many different holes.")
 @click.option("--grid", type=click.Path(dir_okay=False, path_type=Path), default=Path("eval_grid.png"),
               show_default=True, help="Comparison grid PNG: masked | Telea | Navier-Stokes | gantool | truth.")
 @click.option("--no-grid", is_flag=True, help="Do not write the grid.")
@@ -49,7 +51,7 @@ def eval_(model: str | None, data: Path, grid: Path, no_grid: bool, as_json: boo
         click.echo(json.dumps(result.to_dict(), indent=2))
         return
     s = result.settings
-    click.echo(f"{s['count']} image(s) from {s['data']}, {s['masks']} holes in a {s['local_size']} px window, "
+    click.echo(f"{s['count']} image(s) x {s['masks_per_image']} hole(s) from {s['data']}, {s['masks']} holes in a {s['local_size']} px window, "
                f"{s['size']} px, seed {s['seed']}; gantool = {s['model_file']} ({s['backend']} on {s['provider']})")
     click.echo(result.markdown())
     if result.grid is not None:
