@@ -201,3 +201,25 @@ def test_batch_sampler_covers_each_epoch_and_splits_ranks():
         assert ranks[0].batch_keys(step) + ranks[1].batch_keys(step) == single.batch_keys(step)
     with pytest.raises(InputError, match="divisible"):
         StepBatchSampler(10, 5, 1, 0, 3, rank=0, world_size=2)
+
+
+def test_atomic_writes_leave_nothing_on_failure_and_use_normal_permissions(tmp_path):
+    import os
+    import stat
+
+    from gantool.fileio import atomic_path, atomic_write_text
+
+    target = tmp_path / "out.txt"
+    atomic_write_text(target, "first")
+    mode = stat.S_IMODE(target.stat().st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert mode == 0o666 & ~umask
+    with pytest.raises(RuntimeError):
+        with atomic_path(target) as tmp:
+            tmp.write_text("half-writ")
+            raise RuntimeError("disk full")
+    assert target.read_text() == "first" and [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+    with pytest.raises(InputError, match="refusing to overwrite"):
+        atomic_write_text(target, "second", overwrite=False)
+    assert target.read_text() == "first"

@@ -45,6 +45,7 @@ def atomic_path(path: str | Path, overwrite: bool = True) -> Iterator[Path]:
         raise InputError(f"cannot write to {path.parent}: {e.strerror or e}") from None
     os.close(fd)
     tmp = Path(tmp_name)
+    os.chmod(tmp, 0o666 & ~_current_umask())  # mkstemp makes 0600; outputs get normal permissions
     try:
         yield tmp
         with open(tmp, "rb+") as f:  # make the bytes durable before the rename
@@ -53,6 +54,12 @@ def atomic_path(path: str | Path, overwrite: bool = True) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_bytes(path: str | Path, data: bytes, overwrite: bool = True) -> Path:
