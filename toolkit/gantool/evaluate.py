@@ -225,8 +225,8 @@ def evaluate(
 
     ``local_size`` is the window holes are drawn in (default ``size // 2``; box
     holes are local_size/2 to local_size on a side); each image is scored with
-    ``masks_per_image`` different holes. ``grid`` writes a PNG of the first
-    ``grid_rows`` samples: masked | Telea | Navier-Stokes | gantool | truth.
+    ``masks_per_image`` different holes. ``grid`` writes a PNG of the first hole
+    of the first ``grid_rows`` images: masked | Telea | Navier-Stokes | gantool | truth.
     """
     from gantool.runtime import load_backend
 
@@ -259,8 +259,9 @@ def evaluate(
         truth = square_resize(image_to_array(read_image(path)), size)
         for draw in range(masks_per_image):
             samples.append(f"{path.name}#{draw}" if masks_per_image > 1 else path.name)
-            _score(runner, truth, seeded_mask(masks, seed, index, size, local_size, draw), methods, classical,
-                   per_image, grid_items if grid_path is not None and len(grid_items) < grid_rows else None)
+            mask = seeded_mask(masks, seed, index, size, local_size, draw)
+            in_grid = grid_path is not None and draw == 0 and len(grid_items) < grid_rows
+            _score(runner, truth, mask, methods, classical, per_image, grid_items if in_grid else None)
 
     if grid_path is not None:
         columns = [c for c in GRID_COLUMNS if c in grid_items[0]]
