@@ -275,8 +275,9 @@ class TrainResult:
 class _StopFlag:
     """Ctrl-C sets a flag the loop checks at step boundaries; a second Ctrl-C aborts.
 
-    Under torchrun SIGTERM is handled the same way: torchrun answers a Ctrl-C by
-    sending SIGTERM to its workers (and SIGKILL 30 s later).
+    Under torchrun SIGTERM is handled the same way: torchrun forwards the signal
+    it gets (Ctrl-C's SIGINT, a scheduler's SIGTERM) to its workers, which run in
+    their own sessions, and sends SIGKILL 30 s later (--shutdown-timeout).
     """
 
     def __init__(self, signals: tuple[signal.Signals, ...] = (signal.SIGINT,)) -> None:
