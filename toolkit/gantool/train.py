@@ -182,6 +182,7 @@ def amp_supported(device: torch.device) -> bool:
 # get_cpu_capability(): it says "AVX512" on AVX-512 CPUs without BF16 too.
 _CPU_BF16_PROBES = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
 _CPUINFO_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}  # x86 flags; "bf16" is the Arm feature
+CPUINFO = Path("/proc/cpuinfo")
 
 
 def cpu_has_native_bf16() -> bool:
@@ -190,7 +191,7 @@ def cpu_has_native_bf16() -> bool:
     if any(probe is not None and probe() for probe in probes):
         return True
     try:  # Arm, or a torch without the probes
-        words = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").split()
+        words = CPUINFO.read_text(encoding="utf-8", errors="replace").split()
     except OSError:
         return False
     return not _CPUINFO_BF16_FLAGS.isdisjoint(words)
