@@ -32,7 +32,6 @@ from gantool.config import ModelConfig, TrainConfig
 from gantool.data import InpaintingDataset, StepBatchSampler, SyntheticSource
 from gantool.distributed import (
     DistributedContext,
-    RankBatchSampler,
     rank_seed,
     seed_rank,
     setup_distributed,
@@ -361,17 +360,20 @@ def test_rank_seeds_differ_between_ranks_and_repeat() -> None:
     assert torch.equal(draws[0], draws[2]) and not torch.equal(draws[0], draws[1])
 
 
-def test_rank_batch_sampler_gives_the_same_keys_and_splits_the_global_batch() -> None:
-    """The cached permutation changes nothing: same keys as StepBatchSampler, and
-    the ranks' shares of a step concatenate to the 1-process global batch."""
+def test_step_batch_sampler_caches_its_permutation_without_changing_keys_and_splits_the_batch() -> None:
+    """The cached epoch permutation changes nothing (steps visited out of order give
+    the keys a fresh sampler gives), and the ranks' shares of a step concatenate
+    to the 1-process global batch."""
     items, batch = 10, 4  # 10 items: steps cross epoch boundaries
     single = list(StepBatchSampler(items, batch, 3, 0, 7))
-    assert list(RankBatchSampler(items, batch, 3, 0, 7)) == single
-    shares = [list(RankBatchSampler(items, batch, 3, 0, 7, rank=r, world_size=WORLD)) for r in range(WORLD)]
+    jumping = StepBatchSampler(items, batch, 3, 0, 7)
+    for step in (6, 0, 3, 6, 1):
+        assert jumping.batch_keys(step) == StepBatchSampler(items, batch, 3, 0, 7).batch_keys(step) == single[step]
+    shares = [list(StepBatchSampler(items, batch, 3, 0, 7, rank=r, world_size=WORLD)) for r in range(WORLD)]
     assert [a + b for a, b in zip(*shares)] == single
-    assert list(RankBatchSampler(items, batch, 3, 5, 7, rank=1, world_size=WORLD)) == shares[1][5:]
+    assert list(StepBatchSampler(items, batch, 3, 5, 7, rank=1, world_size=WORLD)) == shares[1][5:]
     with pytest.raises(InputError, match="divisible"):
-        RankBatchSampler(items, 3, 3, 0, 7, rank=0, world_size=WORLD)
+        StepBatchSampler(items, 3, 3, 0, 7, rank=0, world_size=WORLD)
 
 
 def test_tiny_args_match_the_shared_tiny_model() -> None:

@@ -179,12 +179,16 @@ class StepBatchSampler(torch.utils.data.Sampler):
         self.num_items, self.global_batch, self.seed = num_items, global_batch, seed
         self.start_step, self.end_step = start_step, end_step
         self.rank, self.world_size = rank, world_size
+        self._cached: tuple[int, np.ndarray] | None = None  # (epoch, permutation)
 
     def __len__(self) -> int:
         return max(0, self.end_step - self.start_step)
 
     def _permutation(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng([self.seed, epoch, 1]).permutation(self.num_items)
+        # Cached: recomputing it per sample costs ~0.6 s per batch on a million images.
+        if self._cached is None or self._cached[0] != epoch:
+            self._cached = (epoch, np.random.default_rng([self.seed, epoch, 1]).permutation(self.num_items))
+        return self._cached[1]
 
     def batch_keys(self, step: int) -> list[tuple[int, int]]:
         per_rank = self.global_batch // self.world_size

@@ -39,6 +39,7 @@ from gantool.checkpoint import load_checkpoint, save_checkpoint
 from gantool.config import ModelConfig, TrainConfig, toml_text
 from gantool.data import (
     InpaintingDataset,
+    StepBatchSampler,
     estimate_fill,
     holdout_count,
     open_source,
@@ -46,7 +47,6 @@ from gantool.data import (
 )
 from gantool.distributed import (
     DistributedContext,
-    RankBatchSampler,
     seed_rank,
     setup_distributed,
     sync_batchnorm_supported,
@@ -406,7 +406,7 @@ def _train(cfg: TrainConfig, state: dict[str, Any] | None, run_dir: Path, dist: 
     end = min(cfg.total_steps, stop_after) if stop_after is not None else cfg.total_steps
     # Each rank takes its contiguous share of the same step-indexed global batch
     # (the DistributedSampler role; exact on resume, independent of the rank count).
-    sampler = RankBatchSampler(train_items, cfg.batch_size, cfg.seed, step, end, dist.rank, dist.world_size)
+    sampler = StepBatchSampler(train_items, cfg.batch_size, cfg.seed, step, end, dist.rank, dist.world_size)
     dataset = InpaintingDataset(source, cfg.size, cfg.local_size, cfg.mask, cfg.hole_range())
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=cfg.workers,
                                          pin_memory=device.type == "cuda", persistent_workers=False)

@@ -62,6 +62,8 @@ def train(config_file: str | None, resume: str | None, quiet: bool, compile_: bo
     chosen = read_toml(config_file) if config_file else {}
     chosen.update(explicit_options(click.get_current_context(), options))
     result = run_training(chosen, resume=resume, progress=not quiet)
+    if result.rank != 0:  # under torchrun, rank 0 speaks for the run
+        sys.exit(130 if result.interrupted else 0)
     where = result.last_checkpoint or "(no checkpoint)"
     if result.interrupted:
         click.echo(f"interrupted at step {result.step}; checkpoint: {where}", err=True)
