@@ -430,6 +430,7 @@ def bench_inpaint(
     warmup: int = 1,
     e2e_images: int = 32,
     e2e_size: int = 512,
+    e2e_strategy: str = "auto",
     crop_check: bool = True,
     goal_provider: str = "cpu",
 ) -> dict[str, Any]:
@@ -467,7 +468,7 @@ def bench_inpaint(
         speedup = eager["median_ms_per_image"] / ort_cpu["median_ms_per_image"]
         goals["ort_cpu_vs_eager_512_b1"] = {"speedup": speedup, "goal": 1.2, "met": speedup >= 1.2}
     if e2e_images:
-        e2e = bench_end_to_end(model, e2e_images, e2e_size, goal_provider)
+        e2e = bench_end_to_end(model, e2e_images, e2e_size, goal_provider, e2e_strategy)
         e2e.update(goal=0.15, met=e2e["outside_model_fraction"] is not None and e2e["outside_model_fraction"] <= 0.15)
         goals["end_to_end_outside_model"] = e2e
     if crop_check:

@@ -70,6 +70,8 @@ def _name_list(ctx: click.Context, param: click.Parameter, value: str) -> list[s
 @click.option("--e2e-images", default=32, show_default=True,
               help="Images for the end-to-end file-loop measurement (0 skips it).")
 @click.option("--e2e-size", default=512, show_default=True)
+@click.option("--e2e-strategy", type=click.Choice(["auto", "full", "crop", "resize"]), default="auto",
+              show_default=True, help="--strategy of the end-to-end measurement.")
 @click.option("--crop-check/--no-crop-check", default=True, show_default=True,
               help="Time --strategy crop on 2048 px with one 128 px hole against a 256 px image.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
