@@ -15,12 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
-import io
-import os
 import platform
 import sys
-import tempfile
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -126,41 +122,11 @@ def probe_model_bytes() -> bytes:
     return model.SerializeToString()
 
 
-class _Captured:
-    text = ""
-
-
-@contextlib.contextmanager
-def captured_native_output() -> Iterator[_Captured]:
-    """Collect what ONNX Runtime prints (Python stdout and the C++ log on fd 2)
-    while a provider loads, so the report can name the cause in one line."""
-    captured = _Captured()
-    stdout = io.StringIO()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        saved: int | None = os.dup(2)
-    except OSError:
-        saved = None
-    with tempfile.TemporaryFile() as sink:
-        if saved is not None:
-            os.dup2(sink.fileno(), 2)
-        try:
-            with contextlib.redirect_stdout(stdout):
-                yield captured
-        finally:
-            if saved is not None:
-                os.dup2(saved, 2)
-                os.close(saved)
-            sink.seek(0)
-            captured.text = stdout.getvalue() + sink.read().decode("utf-8", errors="replace")
-
-
 def check_provider(ort: Any, name: str, model: bytes) -> ProviderCheck:
     """Open the probe model with ``name`` (then the CPU as ORT's fallback) and run it."""
     import numpy as np
 
-    from gantool.runtime import failure_cause
+    from gantool.runtime import captured_native_output, failure_cause
 
     options = ort.SessionOptions()
     options.log_severity_level = 3

@@ -10,7 +10,6 @@ fp16 backends pass at ``min_psnr`` dB or more. Known pixels must always be exact
 
 from __future__ import annotations
 
-import ctypes.util
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -235,13 +234,10 @@ def onnxruntime_backend(session: Any) -> Backend:
 
 
 def cuda_worth_trying() -> bool:
-    """True when a CUDA device is plausibly there: torch sees one, or ORT has its
-    CUDA provider and a GPU driver (libcuda) is installed. Avoids preload noise on CPUs."""
-    if torch.cuda.is_available():
-        return True
-    import onnxruntime as ort
+    """True when a CUDA device is plausibly there (no CUDA library is loaded to find out)."""
+    from gantool.runtime import cuda_device_visible
 
-    return "CUDAExecutionProvider" in ort.get_available_providers() and bool(ctypes.util.find_library("cuda"))
+    return torch.cuda.is_available() or cuda_device_visible()
 
 
 def onnx_session(path: str | Path, cuda: bool = False) -> Any:
@@ -250,14 +246,17 @@ def onnx_session(path: str | Path, cuda: bool = False) -> Any:
 
     if not cuda:
         return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    ort.preload_dlls()
+    from gantool.runtime import captured_native_output, failure_cause
+
     # TF32 off: parity measures fp32 numerics; HEURISTIC: shapes change between cases.
     cuda_options = {"cudnn_conv_algo_search": "HEURISTIC", "use_tf32": "0"}
-    session = ort.InferenceSession(
-        str(path), providers=[("CUDAExecutionProvider", cuda_options), "CPUExecutionProvider"]
-    )
+    with captured_native_output() as captured:
+        ort.preload_dlls()
+        session = ort.InferenceSession(
+            str(path), providers=[("CUDAExecutionProvider", cuda_options), "CPUExecutionProvider"]
+        )
     if session.get_providers()[0] != "CUDAExecutionProvider":  # ORT falls back silently
-        raise ProviderError("ONNX Runtime could not load its CUDA provider (it fell back to the CPU)")
+        raise ProviderError(f"ONNX Runtime could not load its CUDA provider: {failure_cause(captured.text, 'cuda')}")
     return session
 
 

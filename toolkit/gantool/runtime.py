@@ -186,7 +186,7 @@ class _Captured:
 
 
 @contextlib.contextmanager
-def _captured_native_output() -> Iterator[_Captured]:
+def captured_native_output() -> Iterator[_Captured]:
     """Capture what ONNX Runtime writes while GPU providers load.
 
     ``preload_dlls()`` prints its failures to stdout and the C++ runtime logs
@@ -372,7 +372,7 @@ class OnnxBackend(Backend):
         if wanted == "tensorrt":  # CUDA stays in the list as TensorRT's own fallback for unsupported nodes
             providers.insert(0, (ORT_PROVIDER["tensorrt"], {}))
         model_file = self._pick_file(path, precision, gpu=True)
-        with _captured_native_output() as captured:
+        with captured_native_output() as captured:
             with contextlib.suppress(Exception):  # a failed preload shows up as a missing provider below
                 self._ort.preload_dlls()
             session = self._session(model_file, providers)
