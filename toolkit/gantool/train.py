@@ -537,9 +537,14 @@ def _metrics_writer(path: Path, enabled: bool) -> Iterator[Any]:
 
 
 def _progress_bar(enabled: bool, start: int, end: int) -> Any:
+    import sys
+
     from tqdm.auto import tqdm
 
-    return tqdm(total=end, initial=start, disable=not enabled, unit="step", dynamic_ncols=True, leave=True)
+    # Redirected to a log file, a bar that redraws 10 times a second buries the log.
+    interval = 0.1 if sys.stderr.isatty() else 30.0
+    return tqdm(total=end, initial=start, disable=not enabled, unit="step", dynamic_ncols=True, leave=True,
+                mininterval=interval)
 
 
 def _postfix(record: dict[str, Any]) -> str:
