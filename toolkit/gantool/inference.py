@@ -74,6 +74,11 @@ class Window:
     width: int
     scaled_to: tuple[int, int] | None = None
 
+    @property
+    def region(self) -> tuple[slice, slice]:
+        """(rows, columns) of the window in the full image."""
+        return slice(self.top, self.top + self.height), slice(self.left, self.left + self.width)
+
     def overlaps(self, other: Window) -> bool:
         return (
             self.top < other.top + other.height
@@ -204,10 +209,7 @@ class _Task:
     pad: tuple[int, int, int, int]
 
 
-def _prepare(item: int, image: np.ndarray, mask: np.ndarray, window: Window, multiple: int) -> _Task:
-    rows = slice(window.top, window.top + window.height)
-    cols = slice(window.left, window.left + window.width)
-    crop, crop_mask = image[rows, cols], mask[rows, cols]
+def _prepare(item: int, crop: np.ndarray, crop_mask: np.ndarray, window: Window, multiple: int) -> _Task:
     if window.scaled_to is not None:
         crop, crop_mask = resize_array(crop, window.scaled_to), resize_mask(crop_mask, window.scaled_to)
     batch_image = np.ascontiguousarray(crop.transpose(2, 0, 1)[None], dtype=np.float32)
@@ -234,6 +236,33 @@ def _run_grouped(backend: Backend, tasks: list[_Task], batch_size: int) -> list[
     return outputs  # type: ignore[return-value]
 
 
+# A function giving the float H x W x 3 pixels of one window: only the windows the
+# model runs on are converted to float, not the whole (possibly huge) image.
+WindowPixels = Callable[[Window], np.ndarray]
+
+
+def _fill_windows(
+    backend: Backend,
+    items: Sequence[tuple[WindowPixels, np.ndarray]],
+    strategy: str,
+    batch_size: int,
+    crop_margin: int | None,
+) -> list[list[tuple[Window, np.ndarray]]]:
+    """For each (pixels, mask): its windows and the model's float output for each,
+    at the window's own size."""
+    tasks = []
+    for item, (pixels, mask) in enumerate(items):
+        for window in plan_windows(mask, strategy, backend.train_size, crop_margin):
+            tasks.append(_prepare(item, pixels(window), mask[window.region], window, backend.size_multiple))
+    fills: list[list[tuple[Window, np.ndarray]]] = [[] for _ in items]
+    for task, out in zip(tasks, _run_grouped(backend, tasks, batch_size)):
+        filled = crop_padding(out, task.pad)[0].transpose(1, 2, 0)
+        if task.window.scaled_to is not None:
+            filled = resize_array(filled, (task.window.height, task.window.width))
+        fills[task.item].append((task.window, filled))
+    return fills
+
+
 def inpaint_arrays(
     backend: Backend,
     items: Sequence[tuple[np.ndarray, np.ndarray]],
@@ -245,21 +274,15 @@ def inpaint_arrays(
 
     Returns float H x W x 3 arrays in which only hole pixels differ from the input.
     """
-    tasks = []
-    for item, (image, mask) in enumerate(items):
+    for image, mask in items:
         if image.shape[:2] != mask.shape:
             raise InputError(f"mask is {mask.shape[1]}x{mask.shape[0]} but image is {image.shape[1]}x{image.shape[0]}")
-        for window in plan_windows(mask, strategy, backend.train_size, crop_margin):
-            tasks.append(_prepare(item, image, mask, window, backend.size_multiple))
+    sources = [(lambda w, image=image: image[w.region], mask) for image, mask in items]
     results = [np.array(image, dtype=np.float32, copy=True) for image, _ in items]
-    for task, out in zip(tasks, _run_grouped(backend, tasks, batch_size)):
-        w = task.window
-        filled = crop_padding(out, task.pad)[0].transpose(1, 2, 0)
-        if w.scaled_to is not None:
-            filled = resize_array(filled, (w.height, w.width))
-        region = results[task.item][w.top : w.top + w.height, w.left : w.left + w.width]
-        hole = items[task.item][1][w.top : w.top + w.height, w.left : w.left + w.width]
-        region[...] = paste_holes(region, filled, hole)
+    for result, (_, mask), fills in zip(results, items, _fill_windows(backend, sources, strategy, batch_size, crop_margin)):
+        for window, filled in fills:
+            region = result[window.region]
+            region[...] = paste_holes(region, filled, mask[window.region])
     return results
 
 
@@ -273,13 +296,22 @@ def inpaint_images(
     """Inpaint PIL images (H x W masks, 1 = hole). Each result has the input's size
     and its family's mode (RGB, L or 16-bit I;16); known pixels are copied from
     the decoded input unchanged."""
-    arrays = [(image_to_array(image), mask) for image, mask in items]
-    filled = inpaint_arrays(backend, arrays, strategy, batch_size, crop_margin)
+
+    def window_pixels(image: Image.Image) -> WindowPixels:
+        return lambda w: image_to_array(image.crop((w.left, w.top, w.left + w.width, w.top + w.height)))
+
+    for image, mask in items:
+        if (image.height, image.width) != mask.shape:
+            raise InputError(f"mask is {mask.shape[1]}x{mask.shape[0]} but image is {image.width}x{image.height}")
+    sources = [(window_pixels(image), mask) for image, mask in items]
     outputs = []
-    for (image, mask), result in zip(items, filled):
+    for (image, mask), fills in zip(items, _fill_windows(backend, sources, strategy, batch_size, crop_margin)):
         mode = output_mode(image)
-        known = image_to_output_array(image)
-        outputs.append(output_array_to_image(paste_holes(known, float_to_output_array(result, mode), mask), mode))
+        known = np.array(image_to_output_array(image), copy=True)
+        for window, filled in fills:
+            region = known[window.region]
+            region[...] = paste_holes(region, float_to_output_array(filled, mode), mask[window.region])
+        outputs.append(output_array_to_image(known, mode))
     return outputs
 
 

@@ -212,6 +212,8 @@ def image_to_output_array(img: Image.Image) -> np.ndarray:
         return np.clip(arr.astype(np.int64), 0, 65535).astype(np.uint16)
     if mode == "L":
         return np.asarray(img.convert("L"), dtype=np.uint8)
+    if img.mode == "RGB":  # the same values, without a float round trip of the whole image
+        return np.asarray(img, dtype=np.uint8)
     return to_uint8(image_to_array(img))
 
 
