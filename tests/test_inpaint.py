@@ -404,3 +404,21 @@ def test_real_console_entry(
     assert done.stderr.strip().count("\n") == 0, done.stderr
     assert done.stderr.startswith("Error: provider 'cuda' could not be loaded: ")
     assert done.stdout == ""
+
+
+def test_a_failed_write_on_the_writer_thread_fails_that_file_only(exported_model: ExportedModel, tmp_path: Path) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in ("a", "b", "c"):
+        Image.fromarray(textured_rgb(24, 28, seed=ord(name))).save(folder / f"{name}.png")
+    mask = tmp_path / "mask.png"
+    box_mask_image(24, 28, 6, 6, 14, 16).save(mask)
+    out = tmp_path / "out"
+    (out / "b.inpainted.png").mkdir(parents=True)  # the rename onto a folder fails at write time
+    result = invoke(folder, "--mask", mask, "-o", out, "--model", exported_model.folder, "--overwrite",
+                    "--batch-size", "2")
+    assert result.exit_code == 1, result.output
+    assert "2 inpainted, 1 failed" in result.output and "b.png" in result.output
+    assert (out / "a.inpainted.png").is_file() and (out / "c.inpainted.png").is_file()
+    assert (out / "b.inpainted.png").is_dir() and not list((out / "b.inpainted.png").iterdir())
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []  # no temp file left behind

@@ -19,6 +19,8 @@ import glob
 import logging
 import re
 import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +32,7 @@ from PIL import Image
 from gantool.errors import GantoolError, InputError
 from gantool.fileio import atomic_save
 from gantool.processing import (
+    PNG_COMPRESS_LEVEL,
     IMAGE_EXTENSIONS,
     alpha_hole_mask,
     crop_padding,
@@ -618,28 +621,60 @@ def inpaint_files(
         if on_result is not None:
             on_result(result)
 
-    for chunk in _chunks(jobs, batch_size):
-        loaded: list[tuple[ImageJob, Image.Image, np.ndarray]] = []
+    def save(job: ImageJob, image: Image.Image) -> None:
+        atomic_save(job.output, lambda tmp: image.save(tmp, format="PNG", compress_level=PNG_COMPRESS_LEVEL),
+                    overwrite=overwrite)
+
+    # PNG encoding runs on a writer thread (zlib releases the GIL), overlapping the
+    # next batch's model run; results are reported in job order.
+    pending: deque[tuple[ImageJob, np.ndarray, Future[None]]] = deque()
+
+    def settle(keep: int) -> None:
+        while len(pending) > keep:
+            job, mask, write = pending.popleft()
+            try:
+                write.result()
+                report(FileResult(job.source, output=job.output, unchanged=not (mask > 0.5).any()))
+            except _FILE_ERRORS as e:
+                report(FileResult(job.source, error=f"{job.source}: {_one_line(e)}"))
+
+    def load(chunk: Sequence[ImageJob]) -> tuple[list[tuple[ImageJob, Image.Image, np.ndarray]], list[FileResult]]:
+        loaded, failed = [], []
         for job in chunk:
             try:
                 _check_output(job, overwrite, protected)
                 image = read_image(job.source)
                 loaded.append((job, image, masks.for_image(job, image)))
             except _FILE_ERRORS as e:
-                report(FileResult(job.source, error=f"{job.source}: {_one_line(e)}"))
-        try:
-            outputs = inpaint_images(backend, [(img, m) for _, img, m in loaded], strategy, batch_size, crop_margin)
-        except _FILE_ERRORS:
-            outputs = None  # retried one by one below, so one bad image does not fail its batch
-        for index, (job, image, mask) in enumerate(loaded):
+                failed.append(FileResult(job.source, error=f"{job.source}: {_one_line(e)}"))
+        return loaded, failed
+
+    chunks = list(_chunks(jobs, batch_size))
+    # A reader thread decodes the next batch while this one runs (one thread: MaskSource
+    # is used from it alone).
+    with ThreadPoolExecutor(1, thread_name_prefix="gantool-read") as reader, \
+            ThreadPoolExecutor(1, thread_name_prefix="gantool-write") as writer:
+        upcoming = reader.submit(load, chunks[0]) if chunks else None
+        for number, _ in enumerate(chunks):
+            loaded, failed = upcoming.result()
+            upcoming = reader.submit(load, chunks[number + 1]) if number + 1 < len(chunks) else None
+            for result in failed:
+                report(result)
             try:
-                if outputs is None:
-                    result = inpaint_images(backend, [(image, mask)], strategy, 1, crop_margin)[0]
-                else:
-                    result = outputs[index]
-                atomic_save(job.output, lambda tmp, img=result: img.save(tmp, format="PNG"), overwrite=overwrite)
-                report(FileResult(job.source, output=job.output, unchanged=not (mask > 0.5).any()))
-            except _FILE_ERRORS as e:
-                report(FileResult(job.source, error=f"{job.source}: {_one_line(e)}"))
+                outputs = inpaint_images(backend, [(img, m) for _, img, m in loaded], strategy, batch_size, crop_margin)
+            except _FILE_ERRORS:
+                outputs = None  # retried one by one below, so one bad image does not fail its batch
+            for index, (job, image, mask) in enumerate(loaded):
+                try:
+                    if outputs is None:
+                        result = inpaint_images(backend, [(image, mask)], strategy, 1, crop_margin)[0]
+                    else:
+                        result = outputs[index]
+                except _FILE_ERRORS as e:
+                    report(FileResult(job.source, error=f"{job.source}: {_one_line(e)}"))
+                    continue
+                pending.append((job, mask, writer.submit(save, job, result)))
+            settle(keep=batch_size)  # at most one batch of finished images waits in memory
+        settle(keep=0)
     summary.seconds = time.perf_counter() - start
     return summary

