@@ -17,7 +17,6 @@ _LAZY = {
     "TrainConfig": "gantool.config",
     "CompletionNetwork": "gantool.networks",
     "ContextDiscriminator": "gantool.networks",
-    "train": "gantool.train",
     "GantoolError": "gantool.errors",
 }
 
