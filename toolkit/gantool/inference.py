@@ -304,8 +304,7 @@ def inpaint_images(
         return lambda w: image_to_array(image.crop((w.left, w.top, w.left + w.width, w.top + w.height)))
 
     for image, mask in items:
-        if (image.height, image.width) != mask.shape:
-            raise InputError(f"mask is {mask.shape[1]}x{mask.shape[0]} but image is {image.width}x{image.height}")
+        check_mask_size(mask, image, "mask", "image")
     sources = [(window_pixels(image), mask) for image, mask in items]
     outputs = []
     for (image, mask), fills in zip(items, _fill_windows(backend, sources, strategy, batch_size, crop_margin)):

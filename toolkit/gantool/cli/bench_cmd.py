@@ -7,6 +7,12 @@ import json
 import click
 
 
+def echo_table(header: list[str], rows: list[list[str]]) -> None:
+    """Print a markdown table."""
+    for cells in [header, ["---"] * len(header), *rows]:
+        click.echo("| " + " | ".join(cells) + " |")
+
+
 @click.group()
 def bench() -> None:
     """Benchmark training or inference (medians, side by side)."""
@@ -34,11 +40,9 @@ def bench_train(as_json: bool, **options) -> None:
         return
     click.echo(f"train benchmark on {result['device']} ({result['threads']} threads, torch {result['torch']}): "
                f"batch {result['batch_size']}, {result['size']}px, local {result['local_size']}, width {result['width']}")
-    click.echo("| loop | bf16 | channels_last | median s/iter | images/s |")
-    click.echo("|---|---|---|---|---|")
-    for row in result["rows"]:
-        click.echo(f"| {row['name']} | {row['amp_bf16']} | {row['channels_last']} | "
-                   f"{row['median_s_per_iter']:.3f} | {row['images_per_s']:.2f} |")
+    echo_table(["loop", "bf16", "channels_last", "median s/iter", "images/s"],
+               [[row["name"], str(row["amp_bf16"]), str(row["channels_last"]), f"{row['median_s_per_iter']:.3f}",
+                 f"{row['images_per_s']:.2f}"] for row in result["rows"]])
     if "speedup_vs_reference" in result:
         click.echo(f"speed-up vs reference: {result['speedup_vs_reference']:.2f}x")
 
@@ -87,19 +91,19 @@ def bench_inpaint(model: str | None, as_json: bool, **options) -> None:
         return
     click.echo(f"inpaint benchmark: {result['model']}; torch {result['torch']}, {result['threads']} threads, "
                f"{result['cpu_count']} CPUs")
-    click.echo("| backend | provider | size | batch | median ms/image | images/s | GFLOP/image | GFLOP/s | peak MB |")
-    click.echo("|---|---|---|---|---|---|---|---|---|")
+    lines = []
     for row in result["rows"]:
+        head = [row["backend"], row["provider"], str(row.get("size", "")), str(row.get("batch", ""))]
         if "error" in row:
-            click.echo(f"| {row['backend']} | {row['provider']} | {row.get('size', '')} | {row.get('batch', '')} | "
-                       f"error: {row['error']} | | | | |")
+            lines.append([*head, f"error: {row['error']}", "", "", "", ""])
             continue
         peak = "" if row["peak_rss_mb"] is None else f"{row['peak_rss_mb']:.0f}"
         if row.get("peak_cuda_mb") is not None:
             peak += f" (CUDA {row['peak_cuda_mb']:.0f})"
-        click.echo(f"| {row['backend']} | {row['provider']} | {row['size']} | {row['batch']} | "
-                   f"{row['median_ms_per_image']:.1f} | {row['images_per_s']:.2f} | {row['gflop_per_image']:.2f} | "
-                   f"{row['achieved_gflop_per_s']:.1f} | {peak} |")
+        lines.append([*head, f"{row['median_ms_per_image']:.1f}", f"{row['images_per_s']:.2f}",
+                      f"{row['gflop_per_image']:.2f}", f"{row['achieved_gflop_per_s']:.1f}", peak])
+    echo_table(["backend", "provider", "size", "batch", "median ms/image", "images/s", "GFLOP/image", "GFLOP/s",
+                "peak MB"], lines)
     notes = sorted({row["note"] for row in result["rows"] if row.get("note")})
     for note in notes:
         click.echo(f"note: {note}")
