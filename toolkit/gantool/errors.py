@@ -31,3 +31,22 @@ class ProviderError(GantoolError):
 
 class TrainingError(GantoolError):
     """Training cannot continue (for example a non-finite loss)."""
+
+
+def first_line(error: BaseException, limit: int = 400) -> str:
+    """The first non-empty line of ``error``'s message, for one-line reports.
+
+    The cause is kept whole: a line longer than ``limit`` is cut at a word
+    boundary and marked, never in the middle of a word.
+    """
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    text = lines[0] if lines else type(error).__name__
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit)
+    return text[: cut if cut > limit // 2 else limit].rstrip() + " ..."
+
+
+def choice_error(what: str, value: object, choices: tuple[str, ...] | list[str]) -> InputError:
+    """The one wording for a value outside an enumeration."""
+    return InputError(f"unknown {what} {value!r} (choose from {', '.join(choices)})")
