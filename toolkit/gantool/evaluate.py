@@ -28,8 +28,10 @@ from PIL import Image
 
 from gantool.errors import InputError
 from gantool.fileio import atomic_save, ensure_writable_dir
+from gantool.inference import inpaint_arrays
 from gantool.masks import MASK_KINDS, generate_mask
 from gantool.processing import image_to_array, read_image, resize_array, to_uint8
+from gantool.runtime import load_backend
 
 log = logging.getLogger(__name__)
 
@@ -228,8 +230,6 @@ def evaluate(
     ``masks_per_image`` different holes. ``grid`` writes a PNG of the first hole
     of the first ``grid_rows`` images: masked | Telea | Navier-Stokes | gantool | truth.
     """
-    from gantool.runtime import load_backend
-
     if size < 16:
         raise InputError(f"--size must be at least 16, got {size}")
     local_size = size // 2 if local_size is None else local_size
@@ -282,8 +282,6 @@ def _score(
     per_image: dict[str, dict[str, list[float]]], grid_items: list[dict[str, np.ndarray]] | None,
 ) -> None:
     """Fill one hole with every method; append the metrics (and a grid row)."""
-    from gantool.inference import inpaint_arrays
-
     outputs: dict[str, np.ndarray] = {}
     if classical:
         outputs["mean"] = mean_fill(truth, mask)
