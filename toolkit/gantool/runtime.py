@@ -272,5 +272,5 @@ def load_backend(
         raise choice_error("precision", precision, PRECISIONS)
     path, name = resolve_model(model, backend)
     if precision == "fp16" and name != "onnx":
-        raise InputError("precision fp16 needs the onnx backend (an exported generator_fp16.onnx)")
+        raise InputError(f"precision fp16 needs the onnx backend (an exported {ARTIFACT['onnx_fp16'].filename})")
     return BACKEND_CLASSES[name](path, provider, precision)
