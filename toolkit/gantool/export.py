@@ -6,6 +6,12 @@ and ``mask`` (N x 1 x H x W, 1 = hole), output ``inpainted``; N, H and W are
 dynamic (H and W multiples of 4). Every file carries the same metadata
 (:func:`build_metadata`), which :func:`read_model_metadata` reads back.
 
+The files carry no trace of the machine that exported them (see
+:mod:`gantool.provenance`): the ONNX exporter's per-node stack traces and other
+annotations and TorchScript's ``.debug_pkl`` source records are stripped unless
+``keep_debug_info=True``, and the export time lives only in the report, so the
+same checkpoint exported twice gives byte-identical ONNX files.
+
 All outputs of one export are written to temp files and renamed into place only
 after every format exported and (unless ``verify=False``) passed the parity
 sweep, so a failed export leaves nothing new behind.
@@ -16,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime
+import hashlib
 import json
 import logging
 import time
@@ -56,6 +63,7 @@ from gantool.parity import (
     torch_backend,
 )
 from gantool.processing import processing_contract
+from gantool.provenance import find_machine_traces, redact_paths, strip_onnx_debug_info, strip_torchscript_debug_info
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +128,10 @@ def default_output_dir(checkpoint: str | Path) -> Path:
 
 
 def build_metadata(state: dict[str, Any], source: str = "", precision: str = "fp32") -> dict[str, str]:
-    """The metadata contract shared by every exported file (string keys and values)."""
+    """The metadata contract shared by every exported file (string keys and values).
+
+    Deterministic on purpose (no export time, no paths): equal checkpoints give equal files.
+    """
     config = model_config_of(state)
     return {
         "gantool.version": __version__,
@@ -131,7 +142,6 @@ def build_metadata(state: dict[str, Any], source: str = "", precision: str = "fp
         "gantool.weights_sha256": weights_sha256(state["generator"]),
         "gantool.precision": precision,
         "gantool.source": source,
-        "gantool.exported_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "gantool.torch_version": torch.__version__,
     }
 
@@ -242,9 +252,18 @@ def _dynamic_shapes() -> dict[str, dict[int, Any]]:
 
 
 def export_onnx(
-    module: nn.Module, example: tuple[Tensor, Tensor], path: Path, metadata: dict[str, str], opset: int | None = None
+    module: nn.Module,
+    example: tuple[Tensor, Tensor],
+    path: Path,
+    metadata: dict[str, str],
+    opset: int | None = None,
+    keep_debug_info: bool = False,
 ) -> None:
-    """torch.onnx (dynamo) export, metadata added, onnx.checker (full), one self-contained file."""
+    """torch.onnx (dynamo) export, metadata added, onnx.checker (full), one self-contained file.
+
+    Unless ``keep_debug_info``, the exporter's annotations (per-node stack traces,
+    FX node text, name scopes, graph signature, doc strings) are stripped.
+    """
     import onnx
 
     try:
@@ -260,6 +279,8 @@ def export_onnx(
     got = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is not None and got != opset:
         raise ModelError(f"ONNX export could not target opset {opset} (the exporter produced opset {got})")
+    if not keep_debug_info:
+        strip_onnx_debug_info(model)
     kept = [p for p in model.metadata_props if p.key not in metadata]
     del model.metadata_props[:]
     model.metadata_props.extend(kept)
@@ -274,8 +295,20 @@ def export_onnx(
     onnx.save_model(model, str(path), save_as_external_data=False)
 
 
-def export_torchscript(folded: nn.Module, example: tuple[Tensor, Tensor], path: Path, metadata: dict[str, str]) -> None:
-    """torch.jit.trace, checked by the tracer on other shapes, metadata in _extra_files."""
+def export_torchscript(
+    folded: nn.Module,
+    example: tuple[Tensor, Tensor],
+    path: Path,
+    metadata: dict[str, str],
+    keep_debug_info: bool = False,
+    archive_name: str = "generator.torchscript",
+) -> None:
+    """torch.jit.trace, checked by the tracer on other shapes, metadata in _extra_files.
+
+    Unless ``keep_debug_info``, the archive is rewritten without its ``.debug_pkl``
+    source records (absolute paths of the traced Python files) and with the top
+    folder ``archive_name`` (torch would name it after the temp file).
+    """
     # One other batch size and a non-square size: the tracer re-traces and compares.
     check_inputs = [(torch.rand(3, 3, 12, 20), (torch.rand(3, 1, 12, 20) > 0.5).float())]
     try:
@@ -285,6 +318,8 @@ def export_torchscript(folded: nn.Module, example: tuple[Tensor, Tensor], path: 
     except Exception as e:  # TracingCheckError and friends
         logger.debug("TorchScript export failed", exc_info=True)
         raise ModelError(f"TorchScript export failed: {first_line(e)}") from None
+    if not keep_debug_info:
+        strip_torchscript_debug_info(path, root=archive_name)
 
 
 def check_options(formats: Sequence[str], opset: int | None, fp16: bool, atol: float) -> tuple[str, ...]:
@@ -323,12 +358,15 @@ def export_generator(
     overwrite: bool = False,
     cuda: bool | None = None,
     cases: Sequence[ParityCase] | None = None,
+    keep_debug_info: bool = False,
 ) -> ExportResult:
     """Export the generator of ``checkpoint_path`` and prove parity with eager PyTorch.
 
     ``cuda=None`` checks ONNX Runtime's CUDA provider too when a GPU is plausibly
     there; ``cases`` overrides the parity sweep (default :func:`default_cases`).
     Raises ParityError (a ModelError) when a backend fails; nothing is written then.
+    The files carry no absolute path or stack trace of this machine (checked with
+    :func:`gantool.provenance.find_machine_traces`) unless ``keep_debug_info``.
     """
     formats = check_options(formats, opset, fp16, atol)
     checkpoint_path = Path(checkpoint_path)
@@ -361,12 +399,14 @@ def export_generator(
             logger.info("exporting %s", targets[key].name)
             start = time.perf_counter()
             if key == "onnx":
-                export_onnx(folded, example, tmp[key], metadata, opset)
+                export_onnx(folded, example, tmp[key], metadata, opset, keep_debug_info)
             elif key == "onnx_fp16":
                 half = HalfPrecisionGenerator(folded).eval()
-                export_onnx(half, example, tmp[key], {**metadata, "gantool.precision": "fp16"}, opset)
+                fp16_metadata = {**metadata, "gantool.precision": "fp16"}
+                export_onnx(half, example, tmp[key], fp16_metadata, opset, keep_debug_info)
             else:
-                export_torchscript(folded, example, tmp[key], metadata)
+                archive_name = targets[key].name.removesuffix(".pt")
+                export_torchscript(folded, example, tmp[key], metadata, keep_debug_info, archive_name)
             seconds[key] = round(time.perf_counter() - start, 2)
         save_generator_weights(tmp["safetensors"], generator, metadata)
 
@@ -378,8 +418,14 @@ def export_generator(
                 raise ParityError(f"parity check failed: {problems[0]}", report)
         sizes = {key: tmp[key].stat().st_size for key in tmp if key != "report"}
         files = {key: {"file": targets[key].name, "bytes": sizes[key]} for key in sizes}
+        # The checkpoint by name and hash, never by its path: the report ships beside the models.
+        notes = [redact_paths(note) for note in notes]
+        if report is not None:
+            report["notes"] = notes
         document = {
-            "checkpoint": str(checkpoint_path),
+            "checkpoint": {"file": checkpoint_path.name, "sha256": _file_sha256(checkpoint_path)},
+            "exported_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "keep_debug_info": keep_debug_info,
             "files": files,
             "metadata": metadata,
             "fold_batchnorm_max_abs": fold_error,
@@ -389,7 +435,28 @@ def export_generator(
             "notes": notes,
         }
         atomic_write_text(tmp["report"], json.dumps(report_to_json(document), indent=2) + "\n")
+        if not keep_debug_info:
+            _check_no_machine_traces(tmp, targets)
     return ExportResult(checkpoint_path, out_dir, targets, sizes, metadata, report, notes)
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(2**20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _check_no_machine_traces(files: dict[str, Path], targets: dict[str, Path]) -> None:
+    """Fail the export (nothing renamed into place) if a written file still carries traces."""
+    for key, path in files.items():
+        traces = find_machine_traces(path, name=targets[key].name)
+        if traces:
+            raise ModelError(
+                f"{targets[key].name} still carries build-machine traces after cleaning ({traces[0]}); "
+                "use --keep-debug-info to export them anyway"
+            )
 
 
 def _device_backend(module: nn.Module, cuda: bool) -> Backend:

@@ -10,6 +10,7 @@ from typing import Any
 from gantool.checkpoint import load_checkpoint, weights_sha256
 from gantool.errors import InputError
 from gantool.export import read_model_metadata
+from gantool.provenance import find_machine_traces
 
 CHECKPOINT_TRAIN_KEYS = ("data", "size", "batch_size", "steps_g", "steps_d", "steps_joint", "lr", "mask", "seed")
 
@@ -28,7 +29,13 @@ def describe_file(path: str | Path) -> dict[str, Any]:
                 kind = "torchscript"
     if kind != "checkpoint":
         meta = read_model_metadata(path)
-        return {"file": str(path), "kind": kind, "bytes": path.stat().st_size, "metadata": _decode_json_values(meta)}
+        return {
+            "file": str(path),
+            "kind": kind,
+            "bytes": path.stat().st_size,
+            "metadata": _decode_json_values(meta),
+            "warnings": find_machine_traces(path),  # absolute paths or stack traces it would leak
+        }
     state = load_checkpoint(path)
     train = state.get("train_config") or {}
     return {
