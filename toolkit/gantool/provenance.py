@@ -41,10 +41,10 @@ _START = r"(?<![\w.~/\\-])"  # not inside a word or a relative path (ONNX names 
 # An absolute path: under a home folder (names the user), or ending in a file name with a known extension,
 # or two folders deep under a typical data/build root; Windows drive paths likewise.
 _ABSOLUTE_PATH = re.compile(
-    rf"{_START}/(?:home|Users|root)/{_NAME}"
-    rf"|{_START}/(?:{_NAME}/)+{_NAME}\.(?:{_FILE_EXTENSIONS})\b"
+    rf"{_START}/(?:{_NAME}/)+{_NAME}\.(?:{_FILE_EXTENSIONS})\b"
+    rf"|{_START}/(?:home|Users|root)/{_NAME}(?:/{_NAME})*"
     rf"|{_START}/(?:tmp|var|private|opt|usr|mnt|media|srv|scratch|nix|Volumes|work|workspace|content|kaggle)"
-    rf"/{_NAME}/(?:{_NAME})?"
+    rf"(?:/{_NAME}){{2,}}"
     r"|(?<![A-Za-z])[A-Za-z]:\\(?:[^\\\s\"'<>|*?:\x00]+\\)+[^\\\s\"'<>|*?:\x00]*",
 )
 _STACK_FRAME = re.compile(r'File "[^"\n]{1,500}", line \d+')
