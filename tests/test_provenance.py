@@ -16,12 +16,11 @@ import onnx
 import pytest
 import torch
 from click.testing import CliRunner
-from onnx import TensorProto, helper
-
 from gantool.cli import cli
 from gantool.errors import ModelError
 from gantool.export import export_generator
 from gantool.provenance import find_machine_traces, redact_paths, strip_onnx_debug_info, strip_torchscript_debug_info
+from onnx import TensorProto, helper
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning", "ignore:`torch.jit:FutureWarning")
 
@@ -159,8 +158,13 @@ def dirty_onnx(path: Path, with_gantool_metadata: bool = False) -> Path:
 def test_scanner_finds_traces_in_a_foreign_onnx_everywhere(tmp_path):
     traces = find_machine_traces(dirty_onnx(tmp_path / "foreign.onnx"))
     text = "\n".join(traces)
-    for where in ("graph.node.attribute.g.node.doc_string", "graph.node.metadata_props[source]",
-                  "graph.metadata_props[built_in]", "graph.input.doc_string", "functions.node.doc_string"):
+    for where in (
+        "graph.node.attribute.g.node.doc_string",
+        "graph.node.metadata_props[source]",
+        "graph.metadata_props[built_in]",
+        "graph.input.doc_string",
+        "functions.node.doc_string",
+    ):
         assert where in text, (where, traces)
     assert "Python stack trace" in text and "/home/alice" in text
 
@@ -207,7 +211,9 @@ def test_scanner_reads_torchscript_safetensors_and_other_files(tmp_path):
     traces = find_machine_traces(scripted)
     assert traces and all("archive entr" in line for line in traces)
 
-    header = b'{"__metadata__":{"origin":"/home/dave/runs/x/last.pt"},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+    header = (
+        b'{"__metadata__":{"origin":"/home/dave/runs/x/last.pt"},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+    )
     header += b" " * (-len(header) % 8)
     weights = tmp_path / "w.safetensors"
     weights.write_bytes(struct.pack("<Q", len(header)) + header + b"\0\0\0\0")
@@ -257,7 +263,7 @@ def test_strip_torchscript_debug_info_keeps_a_loadable_equal_module(tmp_path):
 
 
 def test_redact_paths_keeps_only_the_last_part():
-    text = 'CUDA failed: libcudnn.so.9 not found in /usr/lib/x86_64/libcudnn.so (see /home/eve/log.txt)'
+    text = "CUDA failed: libcudnn.so.9 not found in /usr/lib/x86_64/libcudnn.so (see /home/eve/log.txt)"
     redacted = redact_paths(text)
     assert "/usr/lib" not in redacted and "/home/eve" not in redacted
     assert "<path>/libcudnn.so" in redacted and "<path>/log.txt" in redacted
