@@ -16,11 +16,12 @@ import onnx
 import pytest
 import torch
 from click.testing import CliRunner
+from onnx import TensorProto, helper
+
 from gantool.cli import cli
 from gantool.errors import ModelError
 from gantool.export import export_generator
 from gantool.provenance import find_machine_traces, redact_paths, strip_onnx_debug_info, strip_torchscript_debug_info
-from onnx import TensorProto, helper
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning", "ignore:`torch.jit:FutureWarning")
 
