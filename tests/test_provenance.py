@@ -212,6 +212,10 @@ def test_scanner_reads_torchscript_safetensors_and_other_files(tmp_path):
     traces = find_machine_traces(scripted)
     assert traces and all("archive entr" in line for line in traces)
 
+    program = tmp_path / "relu.pt2"  # torch.export keeps each node's stack trace in its JSON
+    torch.export.save(torch.export.export(torch.nn.ReLU(), (torch.rand(2, 3),)), str(program))
+    assert any("Python stack trace" in line for line in find_machine_traces(program))
+
     header = (
         b'{"__metadata__":{"origin":"/home/dave/runs/x/last.pt"},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
     )

@@ -47,7 +47,7 @@ _ABSOLUTE_PATH = re.compile(
     rf"(?:/{_NAME}){{2,}}"
     r"|(?<![A-Za-z])[A-Za-z]:\\(?:[^\\\s\"'<>|*?:\x00]+\\)+[^\\\s\"'<>|*?:\x00]*",
 )
-_STACK_FRAME = re.compile(r'File "[^"\n]{1,500}", line \d+')
+_STACK_FRAME = re.compile(r'File \\?"[^"\n]{1,500}?\\?", line \d+')  # also JSON-escaped (torch.export's .pt2)
 _EXAMPLE_CHARS = 100
 # Tensor storages inside torch zip archives: raw numbers, not worth scanning.
 _TENSOR_ENTRY = re.compile(r"(?:^|/)data/\d+$")
