@@ -418,7 +418,8 @@ def export_generator(
                 raise ParityError(f"parity check failed: {problems[0]}", report)
         sizes = {key: tmp[key].stat().st_size for key in tmp if key != "report"}
         files = {key: {"file": targets[key].name, "bytes": sizes[key]} for key in sizes}
-        # The checkpoint by name and hash, never by its path: the report ships beside the models.
+        # The report ships beside the models: no absolute paths in notes (a provider's load error, say),
+        # the checkpoint by name and hash; the export time lives here, not in the model files.
         notes = [redact_paths(note) for note in notes]
         if report is not None:
             report["notes"] = notes
