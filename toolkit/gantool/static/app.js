@@ -463,10 +463,11 @@
     if (file) openFile(file);
   });
 
-  window.addEventListener("resize", () => {
+  // The stage changes size with the window and when a message shows or hides.
+  new ResizeObserver(() => {
     layout();
     updateButtons();
-  });
+  }).observe(stage);
 
   loadModelInfo();
   updateButtons();
