@@ -535,3 +535,31 @@ def test_serve_process_prints_startup_lines_and_warns_without_a_key(exported_mod
     assert url.startswith("http://0.0.0.0:")
     assert process.stderr is not None
     assert "warning: listening on 0.0.0.0 without an API key" in process.stderr.read()
+
+
+# ------------------------------------------------------------------------------ bench serve
+
+
+def test_bench_serve_runs_and_reports(exported_model):  # noqa: F811
+    from gantool.benchmarks import bench_serve
+
+    result = bench_serve(exported_model.folder, requests=6, concurrency=2, size=32, provider="cpu",
+                         baseline_images=2, distinct_images=3, timeout_s=300)
+    assert result["ok"] == 6 and result["errors"] == 0 and result["sent"] == 6
+    assert result["provider"] == "CPUExecutionProvider" and result["backend"] == "onnx"
+    latency = result["latency_ms"]
+    assert 0 < latency["p50"] <= latency["p95"] <= latency["p99"]
+    assert result["server_images_per_s"] > 0 and result["in_process_images_per_s"] > 0
+    assert result["ratio"] == pytest.approx(result["server_images_per_s"] / result["in_process_images_per_s"])
+    assert set(result["rss_mb"]) == {"ready", "after_50", "after_all"}
+    assert set(result["goals"]) == {"throughput", "rss_stable"}
+
+
+def test_bench_serve_cli_help_and_bad_options():
+    runner = CliRunner()
+    result = runner.invoke(cli, ["bench", "serve", "--help"])
+    assert result.exit_code == 0
+    for option in ("--requests", "--concurrency", "--size", "--timeout", "--json"):
+        assert option in result.output
+    result = runner.invoke(cli, ["bench", "serve", "--requests", "0"])
+    assert result.exit_code == 2 and "--requests" in result.output
