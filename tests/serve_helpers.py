@@ -87,7 +87,11 @@ def serve_process(
     the process). It is terminated on exit; its stderr can be read after that."""
     process = subprocess.Popen(
         [sys.executable, "-m", "gantool", "serve", *args, "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=cwd,
     )
     lines: list[str] = []
     try:

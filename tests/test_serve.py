@@ -29,8 +29,15 @@ from gantool.cli import cli
 from gantool.inference import inpaint_images
 from gantool.processing import mask_to_array
 from gantool.serve import ServeSettings, build_app, is_loopback
-from inpaint_helpers import box_mask_image, exported_model, textured_rgb  # noqa: F401 (fixture)
-from serve_helpers import decode, encode, get_json, live_server, serve_process, wait_ready
+from inpaint_helpers import exported_model, textured_rgb  # noqa: F401 (fixture)
+from serve_helpers import (
+    decode,
+    encode,
+    get_json,
+    live_server,
+    serve_process,
+    wait_ready,
+)
 
 
 class GatedBackend:
@@ -81,7 +88,10 @@ def make_client(inpainter: Inpainter) -> Iterator[Callable[..., TestClient]]:
     clients: list[TestClient] = []
 
     def make(wait: bool = True, **settings: Any) -> TestClient:
-        client = TestClient(build_app(inpainter, ServeSettings(**settings)), raise_server_exceptions=False)
+        client = TestClient(
+            build_app(inpainter, ServeSettings(**settings)),
+            raise_server_exceptions=False,
+        )
         client.__enter__()
         clients.append(client)
         if wait:
@@ -140,7 +150,10 @@ def test_boxes_are_repeatable_and_combine_with_the_mask(client: TestClient):
     rgb, hole = rgb_and_mask()
     response = client.post(
         "/v1/inpaint",
-        files={"image": ("i.png", encode(rgb)), "mask": ("m.png", encode((hole * 255).astype(np.uint8)))},
+        files={
+            "image": ("i.png", encode(rgb)),
+            "mask": ("m.png", encode((hole * 255).astype(np.uint8))),
+        },
         data={"boxes": ["2,30,6,5", "40,2,5,6"]},
     )
     assert response.status_code == 200, response.text
@@ -205,8 +218,15 @@ def test_sixteen_bit_grey_stays_sixteen_bit(client: TestClient):
     result = decode(response.content)
     assert result.mode in ("I;16", "I")
     assert_only_holes_changed(np.asarray(result).astype(np.uint16)[..., None], grey[..., None], hole)
-    assert post(client, encode(Image.fromarray(grey)), encode((hole * 255).astype(np.uint8)),
-                format="webp").status_code == 400
+    assert (
+        post(
+            client,
+            encode(Image.fromarray(grey)),
+            encode((hole * 255).astype(np.uint8)),
+            format="webp",
+        ).status_code
+        == 400
+    )
 
 
 def test_strategy_option_is_used(client: TestClient, inpainter: Inpainter):
@@ -217,7 +237,11 @@ def test_strategy_option_is_used(client: TestClient, inpainter: Inpainter):
     for strategy in ("crop", "resize"):
         response = post(client, encode(rgb), encode(mask), strategy=strategy)
         assert response.status_code == 200, response.text
-        expected = inpaint_images(inpainter.backend, [(Image.fromarray(rgb), hole.astype(np.float32))], strategy)[0]
+        expected = inpaint_images(
+            inpainter.backend,
+            [(Image.fromarray(rgb), hole.astype(np.float32))],
+            strategy,
+        )[0]
         assert np.array_equal(np.asarray(decode(response.content)), np.asarray(expected)), strategy
 
 
@@ -312,14 +336,19 @@ def test_streamed_body_over_the_limit_is_413(make_client: Callable[..., TestClie
     payload = np.random.default_rng(1).integers(0, 256, 30_000, dtype=np.uint8).tobytes()
 
     def chunks() -> Iterator[bytes]:  # no Content-Length: the size is only known while reading
-        yield (f"--{boundary}\r\nContent-Disposition: form-data; name=\"image\"; filename=\"a.png\"\r\n"
-               "Content-Type: image/png\r\n\r\n").encode()
+        yield (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="image"; filename="a.png"\r\n'
+            "Content-Type: image/png\r\n\r\n"
+        ).encode()
         for start in range(0, len(payload), 4096):
             yield payload[start : start + 4096]
         yield f"\r\n--{boundary}--\r\n".encode()
 
-    response = client.post("/v1/inpaint", content=chunks(),
-                           headers={"content-type": f"multipart/form-data; boundary={boundary}"})
+    response = client.post(
+        "/v1/inpaint",
+        content=chunks(),
+        headers={"content-type": f"multipart/form-data; boundary={boundary}"},
+    )
     assert response.status_code == 413, response.text
     assert set(response.json()) == {"error"}
 
@@ -327,8 +356,16 @@ def test_streamed_body_over_the_limit_is_413(make_client: Callable[..., TestClie
 def test_api_key(make_client: Callable[..., TestClient]):
     client = make_client(api_key="s3cret")
     rgb, hole = rgb_and_mask()
-    files = {"image": ("i.png", encode(rgb)), "mask": ("m.png", encode((hole * 255).astype(np.uint8)))}
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"X-API-Key": "s3cre"}, {"Authorization": "s3cret"}):
+    files = {
+        "image": ("i.png", encode(rgb)),
+        "mask": ("m.png", encode((hole * 255).astype(np.uint8))),
+    }
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"X-API-Key": "s3cre"},
+        {"Authorization": "s3cret"},
+    ):
         response = client.post("/v1/inpaint", files=files, headers=headers)
         assert response.status_code == 401, headers
         assert "API key" in response.json()["error"]
@@ -348,7 +385,12 @@ def test_wrong_path_and_method_are_json(client: TestClient):
     assert "POST" in response.headers["allow"]
     assert client.delete("/v1/model").status_code == 405
     # Only the page's own files are served: no path from the client reaches the disk.
-    for path in ("/static/../serve.py", "/app.js/../../serve.py", "/..%2Fserve.py", "/index.html"):
+    for path in (
+        "/static/../serve.py",
+        "/app.js/../../serve.py",
+        "/..%2Fserve.py",
+        "/index.html",
+    ):
         assert client.get(path).status_code == 404, path
 
 
@@ -359,7 +401,11 @@ def test_unexpected_errors_are_one_json_line(gated: GatedBackend, client: TestCl
     import gantool.serve
 
     real_read = gantool.serve.read_image
-    monkeypatch.setattr(gantool.serve, "read_image", lambda *a, **k: (_ for _ in ()).throw(struct.error("bad")))
+    monkeypatch.setattr(
+        gantool.serve,
+        "read_image",
+        lambda *a, **k: (_ for _ in ()).throw(struct.error("bad")),
+    )
     response = post(client, encode(rgb), mask)
     assert response.status_code == 400 and response.json() == {"error": "cannot decode the upload: bad"}
     monkeypatch.setattr(gantool.serve, "read_image", real_read)
@@ -430,8 +476,13 @@ def _posting(url: str, bodies: list[tuple[bytes, bytes]]) -> Iterator[list[httpx
     responses: list[httpx.Response] = []
 
     def send(image: bytes, mask: bytes) -> None:
-        responses.append(httpx.post(url + "/v1/inpaint", files={"image": ("i.png", image), "mask": ("m.png", mask)},
-                                    timeout=120))
+        responses.append(
+            httpx.post(
+                url + "/v1/inpaint",
+                files={"image": ("i.png", image), "mask": ("m.png", mask)},
+                timeout=120,
+            )
+        )
 
     threads = [threading.Thread(target=send, args=body) for body in bodies]
     for thread in threads:
@@ -489,7 +540,11 @@ def test_a_full_queue_answers_503_with_retry_after(inpainter: Inpainter, gated: 
             assert gated.entered.wait(60)
             with _posting(url, [body]) as waiting:
                 _wait_for(url, in_flight=2, queued=1)
-                refused = httpx.post(url + "/v1/inpaint", files={"image": body[0], "mask": body[1]}, timeout=60)
+                refused = httpx.post(
+                    url + "/v1/inpaint",
+                    files={"image": body[0], "mask": body[1]},
+                    timeout=60,
+                )
                 assert refused.status_code == 503
                 assert refused.headers["retry-after"] == "1" and "busy" in refused.json()["error"]
                 gated.gate.set()
@@ -503,18 +558,26 @@ def test_a_full_queue_answers_503_with_retry_after(inpainter: Inpainter, gated: 
 def test_serve_help():
     result = CliRunner().invoke(cli, ["serve", "--help"])
     assert result.exit_code == 0
-    for option in ("--max-batch", "--batch-wait-ms", "--max-upload-mb", "--max-pixels", "--api-key",
-                   "--cors-origin", "--max-queue", "GANTOOL_API_KEY"):
+    for option in (
+        "--max-batch",
+        "--batch-wait-ms",
+        "--max-upload-mb",
+        "--max-pixels",
+        "--api-key",
+        "--cors-origin",
+        "--max-queue",
+        "GANTOOL_API_KEY",
+    ):
         assert option in result.output
 
 
 def test_serve_without_the_extra_says_how_to_install(monkeypatch):
-    import gantool.cli.serve_cmd as serve_cmd
+    from gantool.cli import serve_cmd
 
     monkeypatch.setattr(serve_cmd, "SERVE_PACKAGES", ("fastapi", "a_package_that_is_not_installed"))
     result = CliRunner().invoke(cli, ["serve"])
     assert result.exit_code == 1
-    assert result.output.strip() == 'Error: ' + serve_cmd.INSTALL_HINT
+    assert result.output.strip() == "Error: " + serve_cmd.INSTALL_HINT
     assert "gantool[serve]" in result.output
 
 
@@ -524,7 +587,14 @@ def test_loopback_detection():
 
 
 def test_serve_process_prints_startup_lines_and_warns_without_a_key(exported_model, subprocess_env):  # noqa: F811
-    args = ["--model", str(exported_model.folder), "--host", "0.0.0.0", "--provider", "cpu"]
+    args = [
+        "--model",
+        str(exported_model.folder),
+        "--host",
+        "0.0.0.0",
+        "--provider",
+        "cpu",
+    ]
     with serve_process(args, subprocess_env) as (url, lines, process):
         loopback = url.replace("0.0.0.0", "127.0.0.1")
         wait_ready(loopback)
@@ -543,8 +613,16 @@ def test_serve_process_prints_startup_lines_and_warns_without_a_key(exported_mod
 def test_bench_serve_runs_and_reports(exported_model):  # noqa: F811
     from gantool.benchmarks import bench_serve
 
-    result = bench_serve(exported_model.folder, requests=6, concurrency=2, size=32, provider="cpu",
-                         baseline_images=2, distinct_images=3, timeout_s=300)
+    result = bench_serve(
+        exported_model.folder,
+        requests=6,
+        concurrency=2,
+        size=32,
+        provider="cpu",
+        baseline_images=2,
+        distinct_images=3,
+        timeout_s=300,
+    )
     assert result["ok"] == 6 and result["errors"] == 0 and result["sent"] == 6
     assert result["provider"] == "CPUExecutionProvider" and result["backend"] == "onnx"
     latency = result["latency_ms"]

@@ -72,8 +72,10 @@ def _chromium() -> str:
 
 
 def _inpaint_record(page: Any, count: int) -> dict[str, Any]:
-    page.wait_for_function(f"() => window.__inpaints.length >= {count} && window.__inpaints[{count - 1}].done",
-                           timeout=60_000)
+    page.wait_for_function(
+        f"() => window.__inpaints.length >= {count} && window.__inpaints[{count - 1}].done",
+        timeout=60_000,
+    )
     page.wait_for_selector("#spinner", state="hidden", timeout=60_000)
     record = page.evaluate(f"() => window.__inpaints[{count - 1}]")
     for key in ("image", "mask", "response"):
@@ -89,7 +91,11 @@ def _distance_to_segment(ys: np.ndarray, xs: np.ndarray, a: tuple[float, float],
     """Distance of pixel centres (x + 0.5, y + 0.5) to the segment a-b (x, y) in image pixels."""
     px, py = xs + 0.5, ys + 0.5
     (ax, ay), (bx, by) = a, b
-    t = np.clip(((px - ax) * (bx - ax) + (py - ay) * (by - ay)) / ((bx - ax) ** 2 + (by - ay) ** 2), 0, 1)
+    t = np.clip(
+        ((px - ax) * (bx - ax) + (py - ay) * (by - ay)) / ((bx - ax) ** 2 + (by - ay) ** 2),
+        0,
+        1,
+    )
     return np.hypot(px - (ax + t * (bx - ax)), py - (ay + t * (by - ay)))
 
 
@@ -195,7 +201,12 @@ def test_paint_inpaint_download_in_chromium(exported_model, subprocess_env, tmp_
     assert second["image"] == first["response"]
     rectangle = mask_to_array(decode(second["mask"])) > 0.5
     rows, cols = np.nonzero(rectangle)
-    assert (rows.min(), rows.max(), cols.min(), cols.max()) == (4, 11, 20, 39), (rows.min(), rows.max(), cols.min(), cols.max())
+    assert (rows.min(), rows.max(), cols.min(), cols.max()) == (4, 11, 20, 39), (
+        rows.min(),
+        rows.max(),
+        cols.min(),
+        cols.max(),
+    )
     assert rectangle[4:12, 20:40].all()
     again = np.asarray(decode(second["response"]).convert("RGB"))
     changed = (again != result).any(axis=2)

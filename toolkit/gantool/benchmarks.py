@@ -593,8 +593,9 @@ def bench_serve(
 ) -> dict[str, Any]:
     """``gantool serve`` under load against the in-process :class:`gantool.Inpainter`.
 
-    The in-process throughput is measured first (``baseline_images`` images,
-    one ``Inpainter.inpaint`` call each, after one warm-up). Then a server
+    The in-process throughput is measured before and after the server run
+    (``baseline_images`` images each time, one ``Inpainter.inpaint`` call each,
+    after one warm-up; the mean is compared). Between them a server
     starts on a free loopback port and ``concurrency`` client threads (keep-alive
     connections) send ``requests`` POST /v1/inpaint of the same images (PNG,
     a centred size/4 hole); the first answer for each image is checked (size,
@@ -623,12 +624,17 @@ def bench_serve(
     inpainter = Inpainter(model, provider, backend, precision=precision, batch_size=max_batch)
     masks = [(mask > 127).astype(np.float32) for _, mask in inputs]
     inpainter.inpaint(inputs[0][0], masks[0])  # warm-up
-    start = time.perf_counter()
-    for index in range(baseline_images):
-        inpainter.inpaint(inputs[index % len(inputs)][0], masks[index % len(inputs)])
-    in_process_s = time.perf_counter() - start
+
+    def in_process_seconds() -> float:
+        start = time.perf_counter()
+        for index in range(baseline_images):
+            inpainter.inpaint(inputs[index % len(inputs)][0], masks[index % len(inputs)])
+        return time.perf_counter() - start
+
+    # Measured before and after the server run (the mean is used), so a machine whose
+    # load changes during the run does not favour either side.
+    in_process_s = [in_process_seconds()]
     model_name, backend_name, provider_name = str(inpainter.backend.path), inpainter.backend.name, inpainter.provider
-    del inpainter
 
     boundary = "gantoolbench"
     bodies = [_multipart(_png(rgb), _png(mask), boundary) for rgb, mask in inputs]
@@ -660,7 +666,7 @@ def bench_serve(
             return None
 
         def client() -> None:
-            connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=300)
+            connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=300)
             while True:
                 with lock:
                     number = state["next"]
@@ -680,7 +686,7 @@ def bench_serve(
                 except (OSError, http.client.HTTPException) as e:
                     problem = f"{type(e).__name__}: {e}"
                     connection.close()
-                    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=300)
+                    connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=300)
                 elapsed = time.perf_counter() - began
                 with lock:
                     first_answer = problem is None and index not in checked
@@ -707,11 +713,13 @@ def bench_serve(
         rss_end = _process_rss_mb(pid)
     finally:
         server.stop()
+    in_process_s.append(in_process_seconds())
+    del inpainter
 
     served = len(latencies)
     ms = np.asarray(latencies) * 1e3 if latencies else np.asarray([np.nan])
     server_ips = served / wall_s if wall_s > 0 else 0.0
-    in_process_ips = baseline_images / in_process_s
+    in_process_ips = baseline_images / statistics.mean(in_process_s)
     ratio = server_ips / in_process_ips if in_process_ips > 0 else 0.0
     rss_at_50 = state["rss_at_50"]
     rss_growth = (rss_end - rss_at_50) / rss_at_50 if rss_end is not None and rss_at_50 else None
@@ -736,6 +744,7 @@ def bench_serve(
         "server_images_per_s": server_ips,
         "in_process_images_per_s": in_process_ips,
         "in_process_images": baseline_images,
+        "in_process_images_per_s_before_after": [baseline_images / s for s in in_process_s],
         "ratio": ratio,
         "rss_mb": {"ready": rss_ready, "after_50": rss_at_50, "after_all": rss_end},
         "goals": {

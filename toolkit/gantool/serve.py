@@ -10,7 +10,7 @@
 
 Uploads are decoded and results composited by the library's own functions
 (:func:`gantool.processing.read_image`, :func:`gantool.inference.load_mask`,
-:func:`~gantool.inference.box_mask`), so the API follows the CLI's rules exactly:
+:func:`~gantool.inference.boxes_to_mask`), so the API follows the CLI's rules exactly:
 masks > 127 (or 0/1) are holes, alpha marks holes when there is no mask, and
 known pixels come back as decoded.
 """
@@ -55,12 +55,23 @@ from gantool.constants import (
     SERVE_OUTPUT_FORMATS,
     STRATEGIES,
 )
-from gantool.errors import GantoolError, InputError, SizeLimitError, choice_error, first_line
-from gantool.inference import box_mask, inpaint_images, load_mask, parse_box
+from gantool.errors import (
+    GantoolError,
+    InputError,
+    SizeLimitError,
+    choice_error,
+    first_line,
+)
+from gantool.inference import (
+    Inpainter,
+    boxes_to_mask,
+    inpaint_images,
+    load_mask,
+    parse_box,
+)
 from gantool.processing import PNG_COMPRESS_LEVEL, read_image
 
 if TYPE_CHECKING:
-    from gantool import Inpainter
     from gantool.runtime import Backend
 
 log = logging.getLogger(__name__)
@@ -253,14 +264,24 @@ class Batcher:
         for strategy, jobs in by_strategy.items():
             try:
                 results: list[Image.Image] | None = inpaint_images(
-                    self.backend, [(j.image, j.mask) for j in jobs], strategy, self.max_batch, self.crop_margin
+                    self.backend,
+                    [(j.image, j.mask) for j in jobs],
+                    strategy,
+                    self.max_batch,
+                    self.crop_margin,
                 )
             except Exception:  # retried one by one below, so one bad job fails alone
                 results = None
             for index, job in enumerate(jobs):
                 try:
                     if results is None:
-                        result = inpaint_images(self.backend, [(job.image, job.mask)], strategy, 1, self.crop_margin)[0]
+                        result = inpaint_images(
+                            self.backend,
+                            [(job.image, job.mask)],
+                            strategy,
+                            1,
+                            self.crop_margin,
+                        )[0]
                     else:
                         result = results[index]
                 except Exception as e:  # the worker thread must survive any job; the request gets the error
@@ -275,7 +296,10 @@ class Batcher:
 
 
 def decode_request(
-    image_file: BinaryIO, mask_file: BinaryIO | None, boxes: Sequence[str], max_pixels: int
+    image_file: BinaryIO,
+    mask_file: BinaryIO | None,
+    boxes: Sequence[str],
+    max_pixels: int,
 ) -> tuple[Image.Image, np.ndarray]:
     """The upload as the CLI reads a file: the image upright, the holes from the mask
     and the boxes (combined), else from the image's alpha channel."""
@@ -283,9 +307,14 @@ def decode_request(
         image = read_image(image_file, max_pixels=max_pixels, name="the uploaded image")
         parts = []
         if mask_file is not None:
-            parts.append(load_mask(read_image(mask_file, max_pixels=max_pixels, name="the uploaded mask"), image))
+            parts.append(
+                load_mask(
+                    read_image(mask_file, max_pixels=max_pixels, name="the uploaded mask"),
+                    image,
+                )
+            )
         if boxes:
-            parts.append(box_mask([parse_box(box) for box in boxes], image.width, image.height))
+            parts.append(boxes_to_mask([parse_box(box) for box in boxes], image.width, image.height))
         if not parts:
             parts.append(load_mask(None, image))
     except GantoolError:
@@ -318,7 +347,10 @@ def error_body(message: str) -> bytes:
 
 async def _send_error(send: Send, status: int, message: str, headers: dict[str, str] | None = None) -> None:
     body = error_body(message)
-    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
     raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
@@ -357,11 +389,15 @@ class _Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self.api_key is not None and scope["path"].startswith("/v1/") and scope["method"] != "OPTIONS":
-            if not self._authorized(scope):
-                await _send_error(send, 401, "missing or wrong API key (send Authorization: Bearer KEY or "
-                                  "X-API-Key: KEY)", {"WWW-Authenticate": "Bearer"})
-                return
+        protected = self.api_key is not None and scope["path"].startswith("/v1/") and scope["method"] != "OPTIONS"
+        if protected and not self._authorized(scope):
+            await _send_error(
+                send,
+                401,
+                "missing or wrong API key (send Authorization: Bearer KEY or X-API-Key: KEY)",
+                {"WWW-Authenticate": "Bearer"},
+            )
+            return
         too_large = f"the upload is over the limit of {self.max_upload_mb:g} MB"
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body:
@@ -370,8 +406,12 @@ class _Guard:
         admitted = scope["path"] == INPAINT_PATH and scope["method"] == "POST"
         if admitted:
             if self.state["in_flight"] >= self.max_queue:
-                await _send_error(send, 503, f"the server is busy ({self.max_queue} requests inside); retry shortly",
-                                  {"Retry-After": "1"})
+                await _send_error(
+                    send,
+                    503,
+                    f"the server is busy ({self.max_queue} requests inside); retry shortly",
+                    {"Retry-After": "1"},
+                )
                 return
             self.state["in_flight"] += 1
         received = 0
@@ -452,7 +492,13 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _error_response(400, f"bad input: {first_line(exc)}")
 
     async def server_error(request: Request, exc: Exception) -> JSONResponse:
-        log.error("internal error on %s %s: %s", request.method, request.url.path, first_line(exc), exc_info=exc)
+        log.error(
+            "internal error on %s %s: %s",
+            request.method,
+            request.url.path,
+            first_line(exc),
+            exc_info=exc,
+        )
         return _error_response(500, f"internal server error ({type(exc).__name__})")
 
     app.add_exception_handler(GantoolError, gantool_error)
@@ -499,7 +545,10 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
     """The FastAPI app serving ``inpainter`` (already opened; its ``.backend`` runs)."""
     settings = settings or ServeSettings()
     batcher = Batcher(
-        inpainter.backend, settings.max_batch, settings.batch_wait_ms / 1000.0, settings.max_queue,
+        inpainter.backend,
+        settings.max_batch,
+        settings.batch_wait_ms / 1000.0,
+        settings.max_queue,
         inpainter.crop_margin,
     )
     state = {"in_flight": 0}
@@ -526,7 +575,10 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
         INPAINT_PATH,
         response_class=Response,
         responses={
-            200: {"content": {"image/png": {}, "image/webp": {}}, "description": "the inpainted image"},
+            200: {
+                "content": {"image/png": {}, "image/webp": {}},
+                "description": "the inpainted image",
+            },
             400: {"description": "bad input"},
             401: {"description": "missing or wrong API key"},
             413: {"description": "upload or image over the limits"},
@@ -536,8 +588,14 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
     )
     async def inpaint(
         image: Annotated[UploadFile, File(description="The image (any format Pillow reads).")],
-        mask: Annotated[UploadFile | None, File(description="Hole mask: a pixel > 127 (or 1) is a hole.")] = None,
-        boxes: Annotated[list[str] | None, Form(description="Rectangular holes X,Y,W,H (repeatable).")] = None,
+        mask: Annotated[
+            UploadFile | None,
+            File(description="Hole mask: a pixel > 127 (or 1) is a hole."),
+        ] = None,
+        boxes: Annotated[
+            list[str] | None,
+            Form(description="Rectangular holes X,Y,W,H (repeatable)."),
+        ] = None,
         strategy: Annotated[str, Form(description="auto, full, crop or resize.")] = settings.strategy,
         output_format: Annotated[str, Form(alias="format", description="png, or webp (lossless).")] = "png",
     ) -> Response:
@@ -549,7 +607,11 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
         if output_format not in info["formats"]:
             raise choice_error("format", output_format, tuple(info["formats"]))
         decoded, holes = await run_in_threadpool(
-            decode_request, image.file, mask.file if mask is not None else None, boxes or [], settings.max_pixels
+            decode_request,
+            image.file,
+            mask.file if mask is not None else None,
+            boxes or [],
+            settings.max_pixels,
         )
         result = await asyncio.wrap_future(batcher.submit(decoded, holes, strategy))
         body = await run_in_threadpool(encode_image, result, output_format)
@@ -569,7 +631,11 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
             "images": batcher.images,
         }
 
-    @app.get("/readyz", summary="Model loaded and a warm-up inference done", response_model=None)
+    @app.get(
+        "/readyz",
+        summary="Model loaded and a warm-up inference done",
+        response_model=None,
+    )
     async def readyz() -> dict[str, Any] | JSONResponse:
         if not batcher.ready.is_set():
             return _error_response(503, "warming up", {"Retry-After": "1"})
@@ -581,8 +647,14 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
         body, media = static[url]
 
         async def page() -> Response:
-            return Response(body, media_type=media, headers={"Cache-Control": "no-cache",
-                                                              "Content-Security-Policy": PAGE_CSP})
+            return Response(
+                body,
+                media_type=media,
+                headers={
+                    "Cache-Control": "no-cache",
+                    "Content-Security-Policy": PAGE_CSP,
+                },
+            )
 
         return page
 

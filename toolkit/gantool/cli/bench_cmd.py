@@ -182,8 +182,9 @@ def bench_serve(model: str | None, as_json: bool, **options) -> None:
         ["requests ok / errors", f"{result['ok']} / {result['errors']}"],
         ["latency p50 / p95 / p99 ms", f"{lat['p50']:.0f} / {lat['p95']:.0f} / {lat['p99']:.0f}"],
         ["images/s, server", f"{result['server_images_per_s']:.2f}"],
-        [f"images/s, in-process Inpainter ({result['in_process_images']} images)",
-         f"{result['in_process_images_per_s']:.2f}"],
+        [f"images/s, in-process Inpainter ({result['in_process_images']} images; mean of before / after)",
+         f"{result['in_process_images_per_s']:.2f} ("
+         + " / ".join(f"{v:.2f}" for v in result["in_process_images_per_s_before_after"]) + ")"],
         ["server / in-process", f"{result['ratio']:.2f}x"],
         ["server RSS MB: ready / after 50 / after all", f"{mb(rss['ready'])} / {mb(rss['after_50'])} / "
                                                        f"{mb(rss['after_all'])}"],
