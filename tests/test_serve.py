@@ -574,7 +574,9 @@ def test_serve_help():
 def test_serve_without_the_extra_says_how_to_install(monkeypatch):
     from gantool.cli import serve_cmd
 
-    monkeypatch.setattr(serve_cmd, "SERVE_PACKAGES", ("fastapi", "a_package_that_is_not_installed"))
+    assert serve_cmd.missing_serve_packages() == []
+    monkeypatch.setattr(serve_cmd, "SERVE_MODULES", (("fastapi",), ("a_module_that_is_not_installed", "nor_this")))
+    assert serve_cmd.missing_serve_packages() == ["a_module_that_is_not_installed"]
     result = CliRunner().invoke(cli, ["serve"])
     assert result.exit_code == 1
     assert result.output.strip() == "Error: " + serve_cmd.INSTALL_HINT
@@ -629,6 +631,7 @@ def test_bench_serve_runs_and_reports(exported_model):  # noqa: F811
     assert 0 < latency["p50"] <= latency["p95"] <= latency["p99"]
     assert result["server_images_per_s"] > 0 and result["in_process_images_per_s"] > 0
     assert result["ratio"] == pytest.approx(result["server_images_per_s"] / result["in_process_images_per_s"])
+    assert len(result["in_process_images_per_s_before_after"]) == 2 and result["in_process_png_images_per_s"] > 0
     assert set(result["rss_mb"]) == {"ready", "after_50", "after_all"}
     assert set(result["goals"]) == {"throughput", "rss_stable"}
 

@@ -186,6 +186,9 @@ def bench_serve(model: str | None, as_json: bool, **options) -> None:
          f"{result['in_process_images_per_s']:.2f} ("
          + " / ".join(f"{v:.2f}" for v in result["in_process_images_per_s_before_after"]) + ")"],
         ["server / in-process", f"{result['ratio']:.2f}x"],
+        ["images/s, in-process from PNG bytes to PNG bytes (the server's decode and encode)",
+         f"{result['in_process_png_images_per_s']:.2f}"],
+        ["server / in-process with PNG decode and encode", f"{result['ratio_to_png_in_process']:.2f}x"],
         ["server RSS MB: ready / after 50 / after all", f"{mb(rss['ready'])} / {mb(rss['after_50'])} / "
                                                        f"{mb(rss['after_all'])}"],
     ])

@@ -24,12 +24,15 @@ from gantool.constants import (
     STRATEGIES,
 )
 
-SERVE_PACKAGES = ("fastapi", "uvicorn", "multipart")
+# Modules of the serve extra; any one name of a tuple will do (python-multipart
+# is imported as python_multipart, older releases as multipart).
+SERVE_MODULES: tuple[tuple[str, ...], ...] = (("fastapi",), ("uvicorn",), ("python_multipart", "multipart"))
 INSTALL_HINT = 'gantool serve needs FastAPI, uvicorn and python-multipart: pip install "gantool[serve]"'
 
 
 def missing_serve_packages() -> list[str]:
-    return [name for name in SERVE_PACKAGES if importlib.util.find_spec(name) is None]
+    """The serve extra's modules that cannot be imported."""
+    return [names[0] for names in SERVE_MODULES if all(importlib.util.find_spec(n) is None for n in names)]
 
 
 @click.command("serve")
