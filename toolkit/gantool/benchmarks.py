@@ -728,7 +728,6 @@ def bench_serve(
         server.stop()
     in_process_s.append(in_process_seconds())
     codec_s.append(with_codec_seconds())
-    del inpainter
 
     served = len(latencies)
     ms = np.asarray(latencies) * 1e3 if latencies else np.asarray([np.nan])
