@@ -55,8 +55,10 @@ window.fetch = async (input, init) => {
 """
 
 
-def _chromium() -> str:
-    """The Chromium executable, or skip (fail under CI) saying what is missing."""
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """The Chromium executable, or skip (fail under CI) saying what is missing; asked
+    for first, so a skip costs no model export."""
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
@@ -99,8 +101,7 @@ def _distance_to_segment(ys: np.ndarray, xs: np.ndarray, a: tuple[float, float],
     return np.hypot(px - (ax + t * (bx - ax)), py - (ay + t * (by - ay)))
 
 
-def test_paint_inpaint_download_in_chromium(exported_model, subprocess_env, tmp_path: Path):  # noqa: F811
-    chromium = _chromium()
+def test_paint_inpaint_download_in_chromium(chromium: str, exported_model, subprocess_env, tmp_path: Path):  # noqa: F811
     from playwright.sync_api import sync_playwright
 
     source = textured_rgb(HEIGHT, WIDTH, seed=5)
