@@ -27,7 +27,6 @@ with warnings.catch_warnings():  # starlette's TestClient warns about httpx's fu
 from gantool import Inpainter
 from gantool.cli import cli
 from gantool.inference import inpaint_images
-from gantool.processing import mask_to_array
 from gantool.serve import ServeSettings, build_app, is_loopback
 from inpaint_helpers import exported_model, textured_rgb  # noqa: F401 (fixture)
 from serve_helpers import (
@@ -174,8 +173,6 @@ def test_alpha_marks_the_holes_without_a_mask(client: TestClient):
 def test_a_zero_one_mask_is_read_like_the_cli(client: TestClient):
     rgb, hole = rgb_and_mask()
     zero_one = hole.astype(np.uint8)
-    if not mask_to_array(Image.fromarray(zero_one)).any():
-        pytest.xfail("the library's 0/1 mask rule (gantool.processing.mask_to_array) is not merged yet")
     response = post(client, encode(rgb), encode(zero_one))
     assert response.status_code == 200, response.text
     assert_only_holes_changed(np.asarray(decode(response.content)), rgb, hole)
@@ -227,6 +224,21 @@ def test_sixteen_bit_grey_stays_sixteen_bit(client: TestClient):
         ).status_code
         == 400
     )
+
+
+def test_images_that_cannot_come_back_unchanged_are_refused_like_the_cli(client: TestClient):
+    _, hole = rgb_and_mask()
+    float_image = Image.fromarray(np.random.default_rng(0).random((40, 48), dtype=np.float32))
+    response = post(client, encode(float_image, "TIFF"), encode((hole * 255).astype(np.uint8)))
+    assert response.status_code == 400, response.text
+    assert "mode F" in response.json()["error"]
+
+
+def test_a_mask_without_holes_returns_the_image_unchanged(client: TestClient):
+    rgb, _ = rgb_and_mask()
+    response = post(client, encode(rgb), encode(np.zeros((40, 48), np.uint8)))
+    assert response.status_code == 200, response.text
+    assert np.array_equal(np.asarray(decode(response.content)), rgb)
 
 
 def test_strategy_option_is_used(client: TestClient, inpainter: Inpainter):

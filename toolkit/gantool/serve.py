@@ -304,7 +304,7 @@ def decode_request(
     """The upload as the CLI reads a file: the image upright, the holes from the mask
     and the boxes (combined), else from the image's alpha channel."""
     try:
-        image = read_image(image_file, max_pixels=max_pixels, name="the uploaded image")
+        image = read_image(image_file, lossless=True, max_pixels=max_pixels, name="the uploaded image")
         parts = []
         if mask_file is not None:
             parts.append(
