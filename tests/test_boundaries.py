@@ -141,7 +141,9 @@ def test_alpha_channel_128_is_kept_and_127_is_a_hole_inpainter(inpainter: Inpain
     assert_blocks(image, np.asarray(out.convert("RGB")), (126, 127))
 
 
-@pytest.mark.parametrize("box", [(5, 7, 6, 4), (0, 0, 3, 5), (27, 29, 5, 3)], ids=["inside", "top-left", "bottom-right"])
+@pytest.mark.parametrize(
+    "box", [(5, 7, 6, 4), (0, 0, 3, 5), (27, 29, 5, 3)], ids=["inside", "top-left", "bottom-right"]
+)
 def test_box_covers_exactly_its_pixels(model: Path, tmp_path: Path, box: tuple[int, int, int, int]) -> None:
     """--box X,Y,W,H: columns X..X+W-1 and rows Y..Y+H-1 are the hole; the next ones are kept."""
     image = _image(seed=5)

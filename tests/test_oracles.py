@@ -63,8 +63,9 @@ def test_hole_mse_is_the_mean_over_hole_pixels_and_channels():
     mask = np.zeros((2, 1, 4, 5))
     mask[0, 0, 1:3, 2:4] = 1  # 4 hole pixels in image 0
     mask[1, 0, 0, 0] = 1  # 1 hole pixel in image 1
-    squares = [(output[n, c, y, x] - target[n, c, y, x]) ** 2
-               for n, y, x in zip(*np.nonzero(mask[:, 0])) for c in range(3)]
+    squares = [
+        (output[n, c, y, x] - target[n, c, y, x]) ** 2 for n, y, x in zip(*np.nonzero(mask[:, 0])) for c in range(3)
+    ]
     expected = sum(squares) / len(squares)  # 15 values: outside the hole nothing counts
     as_tensor = (torch.from_numpy(a).float() for a in (output, target, mask))
     assert float(hole_mse(*as_tensor)) == pytest.approx(expected, rel=1e-5)
@@ -175,9 +176,12 @@ def test_eval_image_metrics_match_numpy():
     got = image_metrics(pred.transpose(1, 2, 0), truth.transpose(1, 2, 0), mask[0])
     rows, cols = slice(3, 9), slice(4, 15)  # SSIM in the hole: over its bounding box
     expected = {
-        "psnr": np_psnr(pred, truth), "psnr_hole": np_psnr(pred, truth, mask),
-        "l1": np_l1(pred, truth), "l1_hole": np_l1(pred, truth, mask),
-        "ssim": np_ssim(pred, truth), "ssim_hole": np_ssim(pred[:, rows, cols], truth[:, rows, cols]),
+        "psnr": np_psnr(pred, truth),
+        "psnr_hole": np_psnr(pred, truth, mask),
+        "l1": np_l1(pred, truth),
+        "l1_hole": np_l1(pred, truth, mask),
+        "ssim": np_ssim(pred, truth),
+        "ssim_hole": np_ssim(pred[:, rows, cols], truth[:, rows, cols]),
     }
     for key, value in expected.items():
         assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
