@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
             verdict = "survived" if code == 0 else "caught (timeout)" if code == -1 else "caught"
             if code == 0:
                 survivors.append(m.name)
-            rows.append((m.name, f"{len(m.tests)}: {summary}", verdict, seconds))
+            rows.append((m.name, f"{len(m.tests)} selected; {summary}", verdict, seconds))
             print(f"  {m.name}: {verdict} [{seconds:.0f} s]", flush=True)
 
     width = max(len(r[0]) for r in rows)
