@@ -233,8 +233,11 @@ class RunSummary:
         )
 
 
+# -------------------------------------------------------------------- per-file steps
+# Shared by inpaint_files and gantool.ray_inpaint, so both apply the same rules.
+
 # Per-file problems that skip one file, not the run.
-_FILE_ERRORS = (GantoolError, OSError, ValueError, MemoryError, Image.DecompressionBombError)
+FILE_ERRORS = (GantoolError, OSError, ValueError, MemoryError, Image.DecompressionBombError)
 
 
 def _chunks(items: Sequence[ImageJob], size: int) -> Iterator[Sequence[ImageJob]]:
@@ -242,11 +245,65 @@ def _chunks(items: Sequence[ImageJob], size: int) -> Iterator[Sequence[ImageJob]
         yield items[start : start + size]
 
 
-def _check_output(job: ImageJob, overwrite: bool, protected: set[Path]) -> None:
+def protected_paths(jobs: Sequence[ImageJob], masks: MaskSource) -> set[Path]:
+    """Inputs and mask files (resolved): never written to."""
+    return {job.source.resolve() for job in jobs} | {p.resolve() for p in masks.protected_files()}
+
+
+def check_output(job: ImageJob, overwrite: bool, protected: set[Path]) -> None:
     if job.output.resolve() in protected:
         raise InputError(f"refusing to write {job.output}: it is an input or mask file")
     if job.output.exists() and not overwrite:
         raise InputError(f"{job.output} exists (use --overwrite)")
+
+
+def file_error(job: ImageJob, error: BaseException) -> FileResult:
+    return FileResult(job.source, error=f"{job.source}: {first_line(error)}")
+
+
+def load_job(job: ImageJob, masks: MaskSource, overwrite: bool, protected: set[Path]) -> tuple[Image.Image, np.ndarray]:
+    """Check where the output goes, decode the image, find its holes. Raises FILE_ERRORS."""
+    check_output(job, overwrite, protected)
+    image = read_image(job.source)
+    return image, masks.for_image(job, image)
+
+
+def inpaint_loaded(
+    backend: Backend,
+    items: Sequence[tuple[Image.Image, np.ndarray]],
+    strategy: str,
+    batch_size: int,
+    crop_margin: int | None,
+) -> list[Image.Image | Exception]:
+    """Results of ``inpaint_images`` for each item, or the error that image raised:
+    a failing batch is retried one by one, so one bad image does not fail its batch."""
+    try:
+        return list(inpaint_images(backend, items, strategy, batch_size, crop_margin))
+    except FILE_ERRORS:
+        pass
+    results: list[Image.Image | Exception] = []
+    for image, mask in items:
+        try:
+            results.append(inpaint_images(backend, [(image, mask)], strategy, 1, crop_margin)[0])
+        except FILE_ERRORS as e:
+            results.append(e)
+    return results
+
+
+def write_output(job: ImageJob, image: Image.Image, overwrite: bool) -> None:
+    """The result as PNG at ``job.output``, atomically."""
+    atomic_save(
+        job.output,
+        lambda tmp: image.save(tmp, format="PNG", compress_level=PNG_COMPRESS_LEVEL),
+        overwrite=overwrite,
+    )
+
+
+def written(job: ImageJob, mask: np.ndarray) -> FileResult:
+    return FileResult(job.source, output=job.output, unchanged=not (mask > 0.5).any())
+
+
+# -------------------------------------------------------------------------- the loop
 
 
 def inpaint_files(
@@ -268,16 +325,12 @@ def inpaint_files(
     """
     start = time.perf_counter()
     summary = RunSummary(provider=backend.provider, backend=backend.name)
-    protected = {job.source.resolve() for job in jobs} | {p.resolve() for p in masks.protected_files()}
+    protected = protected_paths(jobs, masks)
 
     def report(result: FileResult) -> None:
         summary.results.append(result)
         if on_result is not None:
             on_result(result)
-
-    def save(job: ImageJob, image: Image.Image) -> None:
-        atomic_save(job.output, lambda tmp: image.save(tmp, format="PNG", compress_level=PNG_COMPRESS_LEVEL),
-                    overwrite=overwrite)
 
     # PNG encoding runs on a writer thread (zlib releases the GIL), overlapping the
     # next batch's model run; results are reported in job order.
@@ -288,19 +341,17 @@ def inpaint_files(
             job, mask, write = pending.popleft()
             try:
                 write.result()
-                report(FileResult(job.source, output=job.output, unchanged=not (mask > 0.5).any()))
-            except _FILE_ERRORS as e:
-                report(FileResult(job.source, error=f"{job.source}: {first_line(e)}"))
+                report(written(job, mask))
+            except FILE_ERRORS as e:
+                report(file_error(job, e))
 
     def load(chunk: Sequence[ImageJob]) -> tuple[list[tuple[ImageJob, Image.Image, np.ndarray]], list[FileResult]]:
         loaded, failed = [], []
         for job in chunk:
             try:
-                _check_output(job, overwrite, protected)
-                image = read_image(job.source)
-                loaded.append((job, image, masks.for_image(job, image)))
-            except _FILE_ERRORS as e:
-                failed.append(FileResult(job.source, error=f"{job.source}: {first_line(e)}"))
+                loaded.append((job, *load_job(job, masks, overwrite, protected)))
+            except FILE_ERRORS as e:
+                failed.append(file_error(job, e))
         return loaded, failed
 
     chunks = list(_chunks(jobs, batch_size))
@@ -314,20 +365,12 @@ def inpaint_files(
             upcoming = reader.submit(load, chunks[number + 1]) if number + 1 < len(chunks) else None
             for result in failed:
                 report(result)
-            try:
-                outputs = inpaint_images(backend, [(img, m) for _, img, m in loaded], strategy, batch_size, crop_margin)
-            except _FILE_ERRORS:
-                outputs = None  # retried one by one below, so one bad image does not fail its batch
-            for index, (job, image, mask) in enumerate(loaded):
-                try:
-                    if outputs is None:
-                        result = inpaint_images(backend, [(image, mask)], strategy, 1, crop_margin)[0]
-                    else:
-                        result = outputs[index]
-                except _FILE_ERRORS as e:
-                    report(FileResult(job.source, error=f"{job.source}: {first_line(e)}"))
-                    continue
-                pending.append((job, mask, writer.submit(save, job, result)))
+            outputs = inpaint_loaded(backend, [(img, m) for _, img, m in loaded], strategy, batch_size, crop_margin)
+            for (job, _, mask), output in zip(loaded, outputs):
+                if isinstance(output, Exception):
+                    report(file_error(job, output))
+                else:
+                    pending.append((job, mask, writer.submit(write_output, job, output, overwrite)))
             settle(keep=batch_size)  # at most one batch of finished images waits in memory
         settle(keep=0)
     summary.seconds = time.perf_counter() - start
