@@ -32,3 +32,5 @@ DEFAULT_INPAINT_BATCH = 4
 AUTO_CROP_FACTOR = 2
 # ``crop`` context around each hole, as a fraction of the train size.
 CROP_MARGIN_FRACTION = 0.25
+# ``gantool inpaint --ray``: the run's JSON-lines record, in the output folder unless --manifest says.
+RAY_MANIFEST_NAME = "gantool-manifest.jsonl"
