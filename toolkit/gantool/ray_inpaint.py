@@ -429,19 +429,18 @@ def ray_inpaint(
             for result in pre_failed:
                 record(result, None, None, None)
             done: set[str] = set()
+            rows = _execute(ray, todo, model_path, provider, backend_name, precision, masks, boxes, strategy,
+                            batch_size, crop_margin, overwrite, n_actors, n_gpus)  # fmt: skip
             try:
-                if todo:
-                    for row in _execute(ray, todo, model_path, provider, backend_name, precision, masks, boxes,
-                                        strategy, batch_size, crop_margin, overwrite, n_actors, n_gpus):  # fmt: skip
-                        if not summary.startup_seconds:
-                            summary.startup_seconds = time.perf_counter() - start
-                        summary.provider, summary.backend = row["provider"], row["backend"]
-                        source = Path(row["source"])
-                        ok = not row["error"]
-                        result = FileResult(source, output=Path(row["output"]) if ok else None,
-                                            error=row["error"] or None)  # fmt: skip
-                        done.add(row["source"])
-                        record(result, row["provider"], row["backend"], float(row["ms"]))
+                for row in rows if todo else ():
+                    if not summary.startup_seconds:
+                        summary.startup_seconds = time.perf_counter() - start
+                    summary.provider, summary.backend = row["provider"], row["backend"]
+                    ok = not row["error"]
+                    result = FileResult(Path(row["source"]), output=Path(row["output"]) if ok else None,
+                                        error=row["error"] or None)  # fmt: skip
+                    done.add(row["source"])
+                    record(result, row["provider"], row["backend"], float(row["ms"]))
                 missing_cause = "not processed: its batch failed in Ray (see the log above)"
             except (KeyboardInterrupt, Exception) as e:
                 if isinstance(e, KeyboardInterrupt):
@@ -449,6 +448,8 @@ def ray_inpaint(
                 else:  # the Ray job itself failed: every file it did not report is recorded, not lost
                     missing_cause = f"not processed: {first_line(e)}"
                     log.error("Ray job failed: %s", first_line(e))
+            finally:
+                rows.close()  # stops the Ray Data execution (and its actors) now, not at garbage collection
             for job in todo:
                 if str(job.source) not in done:
                     record(FileResult(job.source, error=f"{job.source}: {missing_cause}"), None, None, None)
