@@ -27,7 +27,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -309,7 +309,7 @@ class _Manifest:
         os.replace(self.tmp, self.path)
 
 
-def _chunk_rows(jobs: Sequence[ImageJob], batch_size: int) -> list[dict[str, list[str]]]:
+def _chunk_rows(jobs: Sequence[ImageJob], batch_size: int) -> list[dict[str, Any]]:
     """One dataset row per chunk of ``batch_size`` files (the local loop's chunks)."""
     rows = []
     for start in range(0, len(jobs), batch_size):
@@ -479,7 +479,7 @@ def _execute(
     overwrite: bool,
     actors: int,
     gpus_per_actor: float,
-) -> Iterator[dict[str, Any]]:
+) -> Generator[dict[str, Any], None, None]:
     """Stream one result row per file from the actor pool."""
     from ray.data import ActorPoolStrategy, DataContext
 
