@@ -78,6 +78,7 @@ MAX_TRIES = 3
 # file NAME exits the process (as a crash would); with MARKER it does so only while
 # MARKER does not exist, creating it first (so the retry succeeds).
 DIE_ON_ENV = "GANTOOL_TEST_RAY_DIE_ON"
+MAX_BLOCKS = 10_000
 
 
 def import_ray() -> Any:
@@ -490,7 +491,11 @@ def _execute(
     data.max_errored_blocks = -1  # a batch that fails inside Ray is reported by the driver; the rest goes on
     try:
         with _quiet_logger("ray.data", _DropProgressBarNotice()):
-            dataset = ray.data.from_items(_chunk_rows(jobs, batch_size))
+            chunks = _chunk_rows(jobs, batch_size)
+            # A Ray task hands back its results when its whole input block is done: one chunk
+            # per block keeps the progress bar and the manifest moving, and a dying worker
+            # redoes little; MAX_BLOCKS bounds the scheduling work for millions of files.
+            dataset = ray.data.from_items(chunks, override_num_blocks=min(len(chunks), MAX_BLOCKS))
             results = dataset.map_batches(
                 InpaintWorker,
                 fn_constructor_kwargs={
