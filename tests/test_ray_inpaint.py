@@ -134,14 +134,16 @@ def test_manifest_records_every_input_and_a_rerun_resumes(
     assert sum(e["status"] == "inpainted" for e in first) + sum(e["status"] == "failed" for e in first) == 6
     not_done = [e for e in first if e["error"] and "interrupted" in e["error"]]
     assert not_done, first
-    written_before = {p for p in out.rglob("*.png")}
-    assert not list(out.rglob(".*.tmp"))  # atomic writes: no half-written files left behind
+    for path in out.rglob("*.inpainted.png"):  # atomic writes: an output is whole or absent
+        with Image.open(path) as img:
+            img.load()
 
     summary = ray_run(exported_model, [folder], out, mask=masks, batch_size=1)  # the same command again
     second = manifest_of(out / RAY_MANIFEST_NAME)
     by_input = {Path(e["input"]).name: e for e in second}
     assert sorted(by_input) == ["a.png", "b.png", "broken.png", "c.png", "d.png", "e.png"]
-    assert summary.skipped == len(written_before) and summary.skipped >= 1
+    # (actors still busy at the interrupt may have finished a file after it: those are skipped too)
+    assert summary.skipped >= 1 and summary.skipped + summary.inpainted == 5 and summary.failed == 1
     assert "skipped" in {e["status"] for e in second} <= {"skipped", "inpainted", "failed"}
     assert by_input["broken.png"]["status"] == "failed" and "cannot read image" in by_input["broken.png"]["error"]
     for entry in second:
