@@ -490,7 +490,7 @@ def _execute(
     data.print_on_execution_start = False
     data.max_errored_blocks = -1  # a batch that fails inside Ray is reported by the driver; the rest goes on
     try:
-        with _quiet_logger("ray.data", _DropProgressBarNotice()):
+        with _quiet_logger("ray.data"), _quiet_logger("ray.data._internal.progress", _DropProgressBarNotice()):
             chunks = _chunk_rows(jobs, batch_size)
             # A Ray task hands back its results when its whole input block is done: one chunk
             # per block keeps the progress bar and the manifest moving, and a dying worker
