@@ -235,3 +235,15 @@ def test_plan_actors_defaults_and_impossible_requests() -> None:
         plan_actors("tensorrt", cpus=8, gpus=0, nodes=1, actors=None, gpus_per_actor=None)
     with pytest.raises(InputError, match="need more than the cluster's 2 GPUs"):
         plan_actors("cuda", cpus=8, gpus=2, nodes=1, actors=3, gpus_per_actor=1.0)
+
+
+def test_the_manifest_never_replaces_a_users_file(exported_model: ExportedModel, tmp_path: Path) -> None:
+    image = tmp_path / "x.png"
+    rgba_with_hole(24, 28, 5).save(image)
+    notes = tmp_path / "notes.jsonl"
+    notes.write_text('{"my": "data"}\n')
+    with pytest.raises(InputError, match="not a gantool manifest"):  # checked before Ray starts
+        ray_run(exported_model, [image], tmp_path / "out", manifest=notes)
+    with pytest.raises(InputError, match="must name a .jsonl file"):
+        ray_run(exported_model, [image], tmp_path / "out", manifest=tmp_path / "m.tif")
+    assert notes.read_text() == '{"my": "data"}\n' and not (tmp_path / "out").exists()

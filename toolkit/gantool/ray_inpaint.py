@@ -65,6 +65,7 @@ from gantool.pipeline import (
     write_output,
     written,
 )
+from gantool.processing import IMAGE_EXTENSIONS
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +133,22 @@ def default_manifest(jobs: Sequence[ImageJob], output: str | Path | None) -> Pat
     else:
         folder = Path(os.path.commonpath([str(job.output.parent.resolve()) for job in jobs]))
     return folder / MANIFEST_NAME
+
+
+def check_manifest_target(path: Path) -> None:
+    """The manifest may replace an earlier manifest, never another file of the user's."""
+    if path.suffix.lower() in IMAGE_EXTENSIONS or path.is_dir():
+        raise InputError(f"--manifest {path} must name a .jsonl file")
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            first = json.loads(f.readline())
+        ours = isinstance(first, dict) and {"input", "status"} <= first.keys()
+    except (OSError, UnicodeDecodeError, ValueError):
+        ours = False
+    if not ours:
+        raise InputError(f"refusing to replace {path}: it is not a gantool manifest (give another --manifest)")
 
 
 def _cluster_resources(ray: Any) -> tuple[float, float, int]:
@@ -371,8 +388,7 @@ def ray_inpaint(
     jobs = plan_jobs(found, output)
     model_path, _ = resolve_model(model, backend_name)  # a typo fails here, before Ray starts
     manifest_path = Path(manifest).expanduser() if manifest is not None else default_manifest(jobs, output)
-    if manifest_path.suffix.lower() in (".png", ".jpg", ".jpeg") or manifest_path.is_dir():
-        raise InputError(f"--manifest {manifest_path} must name a .jsonl file")
+    check_manifest_target(manifest_path)
     ray = import_ray()
 
     start = time.perf_counter()
