@@ -327,13 +327,12 @@ class _Manifest:
         os.replace(self.tmp, self.path)
 
 
-def _chunk_rows(jobs: Sequence[ImageJob], batch_size: int) -> list[dict[str, Any]]:
-    """One dataset row per chunk of ``batch_size`` files (the local loop's chunks)."""
+def _chunk_rows(chunks: Sequence[Sequence[ImageJob]]) -> list[dict[str, Any]]:
+    """One dataset row per chunk of files."""
     rows = []
-    for start in range(0, len(jobs), batch_size):
-        chunk = jobs[start : start + batch_size]
+    for number, chunk in enumerate(chunks):
         rows.append({
-            "chunk": start // batch_size,
+            "chunk": number,
             "sources": [str(j.source) for j in chunk],
             "outputs": [str(j.output) for j in chunk],
             "relatives": [str(j.relative) for j in chunk],
@@ -396,17 +395,25 @@ def ray_inpaint(
     protected = protected_paths(jobs, masks)
     pre_failed: list[FileResult] = []
     skipped: list[ImageJob] = []
-    todo: list[ImageJob] = []
+    runnable: list[ImageJob] = []  # in input order, as the local loop would see them
     for job in jobs:
         try:
             check_output(job, overwrite, protected)
         except InputError as e:
             if job.output.exists() and job.output.resolve() not in protected:
                 skipped.append(job)  # done by an earlier run: resume
-            else:
-                pre_failed.append(file_error(job, e))
-            continue
-        todo.append(job)
+                continue
+            pre_failed.append(file_error(job, e))  # its output would replace an input or mask
+        runnable.append(job)
+    # The local loop's chunks of batch_size; a refused file leaves its chunk (locally it fails
+    # on loading and never reaches the model), so every model batch holds the same images.
+    refused = {result.source for result in pre_failed}
+    chunks = [
+        [job for job in runnable[i : i + batch_size] if job.source not in refused]
+        for i in range(0, len(runnable), batch_size)
+    ]
+    chunks = [chunk for chunk in chunks if chunk]
+    todo = [job for chunk in chunks for job in chunk]
 
     started_here = not ray.is_initialized()
     if started_here:
@@ -446,7 +453,7 @@ def ray_inpaint(
             for result in pre_failed:
                 record(result, None, None, None)
             done: set[str] = set()
-            rows = _execute(ray, todo, model_path, provider, backend_name, precision, masks, boxes, strategy,
+            rows = _execute(ray, chunks, model_path, provider, backend_name, precision, masks, boxes, strategy,
                             batch_size, crop_margin, overwrite, n_actors, n_gpus)  # fmt: skip
             try:
                 for row in rows if todo else ():
@@ -483,7 +490,7 @@ def ray_inpaint(
 
 def _execute(
     ray: Any,
-    jobs: Sequence[ImageJob],
+    chunks: Sequence[Sequence[ImageJob]],
     model_path: Path,
     provider: str,
     backend_name: str,
@@ -507,11 +514,11 @@ def _execute(
     data.max_errored_blocks = -1  # a batch that fails inside Ray is reported by the driver; the rest goes on
     try:
         with _quiet_logger("ray.data"), _quiet_logger("ray.data._internal.progress", _DropProgressBarNotice()):
-            chunks = _chunk_rows(jobs, batch_size)
+            rows = _chunk_rows(chunks)
             # A Ray task hands back its results when its whole input block is done: one chunk
             # per block keeps the progress bar and the manifest moving, and a dying worker
             # redoes little; MAX_BLOCKS bounds the scheduling work for millions of files.
-            dataset = ray.data.from_items(chunks, override_num_blocks=min(len(chunks), MAX_BLOCKS))
+            dataset = ray.data.from_items(rows, override_num_blocks=min(len(rows), MAX_BLOCKS))
             results = dataset.map_batches(
                 InpaintWorker,
                 fn_constructor_kwargs={
