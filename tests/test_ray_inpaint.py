@@ -219,11 +219,13 @@ def test_cli_ray_options_without_ray_and_without_the_extra(
     assert not (tmp_path / "x.inpainted.png").exists()
 
 
-def test_inpaint_help_lists_the_ray_options() -> None:
+def test_inpaint_and_bench_help_list_the_ray_options() -> None:
     result = CliRunner().invoke(cli, ["inpaint", "--help"])
     assert result.exit_code == 0
     for option in ("--ray", "--ray-address", "--actors", "--gpus-per-actor", "--manifest"):
         assert option in result.output
+    result = CliRunner().invoke(cli, ["bench", "inpaint", "--help"])
+    assert result.exit_code == 0 and "--ray" in result.output and "--actors" in result.output
 
 
 def test_plan_actors_defaults_and_impossible_requests() -> None:
