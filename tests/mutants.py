@@ -54,6 +54,7 @@ BOUNDS = "test_boundaries.py"
 LOOP = "test_training_loop.py"
 ATOMIC = "test_atomicity.py"
 PARITY = "test_parity.py"
+STALE = "test_nothing_stale.py"
 
 MUTANTS: list[Mutant] = [
     # ---------------------------------------------------------------- loss targets and weights
@@ -132,8 +133,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "mask_threshold_ge_127",
         "processing.py",
-        'return (np.asarray(img.convert("L")) > 127).astype(np.float32)',
-        'return (np.asarray(img.convert("L")) >= 127).astype(np.float32)',
+        "return zero_one if zero_one is not None else (grey > 127).astype(np.float32)",
+        "return zero_one if zero_one is not None else (grey >= 127).astype(np.float32)",
         (
             f"{BOUNDS}::test_mask_file_127_is_kept_and_128_is_a_hole",
             f"{BOUNDS}::test_mask_folder_127_is_kept_and_128_is_a_hole",
@@ -260,6 +261,35 @@ MUTANTS: list[Mutant] = [
         "return (err * m).flatten(1).sum(1) / m.flatten(1).sum(1).clamp_min(1.0)",
         "return err.flatten(1).mean(1)",
         (f"{ORACLES}::test_psnr_and_l1_inside_and_outside_the_hole_match_numpy",),
+    ),
+    # ---------------------------------------------------------------- nothing stale (issue #10)
+    Mutant(
+        "non_finite_output_written",
+        "runtime.py",
+        "        if not finite.all():  # never write holes filled with NaN/Inf garbage",
+        "        if False:  # never write holes filled with NaN/Inf garbage",
+        (f"{STALE}::test_a_model_that_produces_nan_fails_the_image_and_writes_nothing",),
+    ),
+    Mutant(
+        "mixed_export_folder_accepted",
+        "artifacts.py",
+        "    if len(set(hashes.values())) > 1:",
+        "    if False:",
+        (f"{STALE}::test_a_folder_that_mixes_exports_is_refused_naming_the_files",),
+    ),
+    Mutant(
+        "stale_export_files_kept",
+        "export.py",
+        "        if key not in targets:\n            stale.unlink(missing_ok=True)",
+        "        if False:\n            stale.unlink(missing_ok=True)",
+        (f"{STALE}::test_re_export_removes_the_older_exports_files",),
+    ),
+    Mutant(
+        "zero_one_mask_png_ignored",
+        "processing.py",
+        "    if arr.size and arr.max() == 1 and arr.min() >= 0:",
+        "    if False:",
+        (f"{BOUNDS}::test_zero_one_mask_png_is_read_as_a_zero_one_mask_inpainter",),
     ),
 ]
 

@@ -347,28 +347,35 @@ def _box_mask_array(size: int, hole: int) -> np.ndarray:
     return mask
 
 
+def _write_bench_folder(root: Path, images: int, size: int) -> tuple[Path, Path]:
+    """``root/images/img_NNN.png`` (size x size) and ``root/mask.png`` (one centred box)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    folder = root / "images"
+    folder.mkdir()
+    # Smooth images with noise: PNG sizes like photos', not like flat colour.
+    y, x = np.mgrid[0:size, 0:size].astype(np.float32) / size
+    for i in range(images):
+        base = np.stack([x, y, (x + y) / 2], axis=2) * 180 + rng.integers(0, 60, (size, size, 3))
+        Image.fromarray(base.astype(np.uint8)).save(folder / f"img_{i:03d}.png")
+    mask_path = root / "mask.png"
+    Image.fromarray(_box_mask_array(size, size // 4)).save(mask_path)
+    return folder, mask_path
+
+
 def bench_end_to_end(model: str | Path | None, images: int, size: int, provider: str, strategy: str = "auto",
                      batch_size: int = 4) -> dict[str, Any]:
     """``gantool inpaint``'s file loop (read, mask, pre/post-process, run, write PNG)
     over ``images`` files of ``size`` px: wall time against summed backend.run time."""
     import tempfile
 
-    from PIL import Image
-
     start = time.perf_counter()
     backend = _TimedBackend(load_backend(model, provider, "onnx"))
     load_s = time.perf_counter() - start
-    rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(prefix="gantool-bench-") as tmp:
-        folder, out = Path(tmp) / "images", Path(tmp) / "out"
-        folder.mkdir()
-        # Smooth images with noise: PNG sizes like photos', not like flat colour.
-        y, x = np.mgrid[0:size, 0:size].astype(np.float32) / size
-        for i in range(images):
-            base = np.stack([x, y, (x + y) / 2], axis=2) * 180 + rng.integers(0, 60, (size, size, 3))
-            Image.fromarray(base.astype(np.uint8)).save(folder / f"img_{i:03d}.png")
-        mask_path = Path(tmp) / "mask.png"
-        Image.fromarray(_box_mask_array(size, size // 4)).save(mask_path)
+        folder, mask_path = _write_bench_folder(Path(tmp), images, size)
+        out = Path(tmp) / "out"
         start = time.perf_counter()
         summary = run_inpaint([folder], backend, mask=mask_path, output=out, strategy=strategy, batch_size=batch_size)  # type: ignore[arg-type]
         wall = time.perf_counter() - start
@@ -458,6 +465,78 @@ def bench_inpaint(
         crop.update(goal=2.0, met=crop["ratio"] <= 2.0)
         goals["crop_2048_vs_256"] = crop
     return result
+
+
+def bench_ray_inpaint(
+    model: str | Path | None = None,
+    images: int = 200,
+    size: int = 512,
+    provider: str = "cpu",
+    strategy: str = "auto",
+    batch_size: int = 4,
+    actors: int | None = None,
+    address: str | None = None,
+) -> dict[str, Any]:
+    """``gantool inpaint --ray`` against ``gantool inpaint`` on the same folder.
+
+    The local pipeline's rate is images / wall time with the model already open.
+    The Ray path's per-image rate is measured on the driver between the first and
+    the last batch of results (they stream back one batch at a time); its fixed
+    start-up (ray.init, starting the actors and opening the model in each, the
+    first batch) is the rest of its wall time, reported apart.
+    """
+    import tempfile
+
+    from gantool.ray_inpaint import import_ray, ray_inpaint
+
+    if images < 4 * batch_size:
+        raise InputError(f"--e2e-images must be at least {4 * batch_size} to measure the Ray path's rate")
+    ray = import_ray()
+    with tempfile.TemporaryDirectory(prefix="gantool-bench-ray-") as tmp:
+        root = Path(tmp)
+        folder, mask_path = _write_bench_folder(root, images, size)
+        start = time.perf_counter()
+        backend = load_backend(model, provider, "onnx")
+        local_load = time.perf_counter() - start
+        start = time.perf_counter()
+        local = run_inpaint([folder], backend, mask=mask_path, output=root / "local", strategy=strategy,
+                            batch_size=batch_size)  # fmt: skip
+        local_wall = time.perf_counter() - start
+
+        started_here = not ray.is_initialized()
+        start = time.perf_counter()
+        if started_here:
+            ray.init(address=address, include_dashboard=False, logging_level="WARNING")
+        init_s = time.perf_counter() - start
+        try:
+            summary = ray_inpaint([folder], model=model, provider=provider, backend_name="onnx", mask=mask_path,
+                                  output=root / "ray", strategy=strategy, batch_size=batch_size,
+                                  actors=actors)  # fmt: skip
+        finally:
+            if started_here:
+                ray.shutdown()
+    done = sorted(summary.finished_at)
+    if len(done) != images:
+        raise GantoolError(f"the Ray run reported {len(done)} of {images} images")
+    steady_s = done[-1] - done[batch_size - 1]  # from the end of the first batch to the last result
+    rate = (images - batch_size) / steady_s if steady_s > 0 else float("inf")
+    local_rate = images / local_wall
+    ray_wall = init_s + summary.seconds
+    return {
+        "benchmark": "inpaint --ray",
+        "images": images, "size": size, "strategy": strategy, "batch_size": batch_size,
+        "provider": summary.provider, "where": summary.where, "cpu_count": os.cpu_count(),
+        "local": {"model_load_s": local_load, "wall_s": local_wall, "images_per_s": local_rate,
+                  "failed": local.failed},
+        "ray": {"ray_init_s": init_s, "wall_s": ray_wall, "images_per_s": rate,
+                "startup_s": ray_wall - images / rate, "first_batch_s": summary.startup_seconds,
+                "failed": summary.failed},
+        "ratio": rate / local_rate,
+        "goal": 0.8,
+        "met": rate / local_rate >= 0.8,
+        "measures": "images/s of the local pipeline (model open) vs the Ray path between its first and last "
+                    "batch of results; Ray's fixed start-up = its wall time (with ray.init) minus images / that rate",
+    }  # fmt: skip
 
 
 # -------------------------------------------------------------------------- bench serve

@@ -45,3 +45,5 @@ DEFAULT_SERVE_MAX_UPLOAD_MB = 50.0
 # 40 MP: a 4000 x 3000 photo (12 MP) fits with room; decoded size is checked before decoding.
 DEFAULT_SERVE_MAX_PIXELS = 40_000_000
 SERVE_OUTPUT_FORMATS = ("png", "webp")
+# ``gantool inpaint --ray``: the run's JSON-lines record, in the output folder unless --manifest says.
+RAY_MANIFEST_NAME = "gantool-manifest.jsonl"

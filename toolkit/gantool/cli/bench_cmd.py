@@ -92,11 +92,21 @@ def _name_list(ctx: click.Context, param: click.Parameter, value: str) -> list[s
               show_default=True, help="--strategy of the end-to-end measurement.")
 @click.option("--crop-check/--no-crop-check", default=True, show_default=True,
               help="Time --strategy crop on 2048 px with one 128 px hole against a 256 px image.")
+@click.option("--ray", "use_ray", is_flag=True,
+              help="Instead: images/s of `gantool inpaint --ray` vs the local pipeline on the same folder of "
+              "--e2e-images images of --e2e-size px (first of --providers; Ray's start-up reported apart).")
+@click.option("--actors", type=click.IntRange(min=1), default=None, help="With --ray: actors (default as inpaint).")
+@click.option("--ray-address", metavar="ADDR", help="With --ray: connect to this cluster instead of a local one.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def bench_inpaint(model: str | None, as_json: bool, **options) -> None:
+def bench_inpaint(
+    model: str | None, as_json: bool, use_ray: bool, actors: int | None, ray_address: str | None, **options
+) -> None:
     """Median ms per image, images/s, achieved GFLOP/s and peak memory of
     MODEL (default: the shipped model) per backend, provider, size and batch,
     and the inference goals, measured side by side."""
+    if use_ray:
+        _bench_ray(model, as_json, actors, ray_address, options)
+        return
     from gantool.benchmarks import bench_inpaint as run
 
     result = run(model, **options)
@@ -137,6 +147,28 @@ def bench_inpaint(model: str | None, as_json: bool, **options) -> None:
         click.echo(f"goal crop on {g['large']} px with one {g['hole']} px hole <= 2x a {g['small']} px image: "
                    f"{g['ratio']:.2f}x ({g['large_crop_s'] * 1e3:.0f} ms vs {g['small_full_s'] * 1e3:.0f} ms) -> "
                    f"{'met' if g['met'] else 'NOT met'}")
+
+
+def _bench_ray(model: str | None, as_json: bool, actors: int | None, address: str | None, options: dict) -> None:
+    from gantool.benchmarks import bench_ray_inpaint
+
+    provider = options["providers"][0] if options["providers"] else "auto"
+    result = bench_ray_inpaint(model, images=options["e2e_images"], size=options["e2e_size"], provider=provider,
+                               strategy=options["e2e_strategy"], actors=actors, address=address)  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    local, ray = result["local"], result["ray"]
+    click.echo(f"inpaint --ray benchmark: {result['images']} images of {result['size']} px, batch "
+               f"{result['batch_size']}, provider {result['provider']}; {result['where']}")  # fmt: skip
+    echo_table(["path", "images/s", "wall s", "fixed start-up s", "failed"], [
+        ["local pipeline", f"{local['images_per_s']:.2f}", f"{local['wall_s']:.1f}",
+         f"{local['model_load_s']:.1f} (model load)", str(local["failed"])],
+        ["ray (per image, start-up excluded)", f"{ray['images_per_s']:.2f}", f"{ray['wall_s']:.1f}",
+         f"{ray['startup_s']:.1f} (ray.init {ray['ray_init_s']:.1f} of it)", str(ray["failed"])],
+    ])  # fmt: skip
+    click.echo(f"goal Ray per-image throughput >= {result['goal']}x the local pipeline: {result['ratio']:.2f}x -> "
+               f"{'met' if result['met'] else 'NOT met'}")  # fmt: skip
 
 
 @bench.command("serve")
