@@ -54,12 +54,12 @@ from gantool.pipeline import (
     FileResult,
     ImageJob,
     MaskSource,
+    NoHole,
     RunSummary,
     check_output,
     collect_images,
     file_error,
     inpaint_loaded,
-    NoHole,
     load_job,
     no_hole,
     plan_jobs,
@@ -298,7 +298,7 @@ class InpaintWorker:
             self.backend, [(image, mask) for _, image, mask in loaded], self.strategy, self.batch_size, self.crop_margin
         )
         share = (time.perf_counter() - start) / max(len(loaded), 1)
-        for (job, _, mask), output in zip(loaded, outputs):
+        for (job, _, _), output in zip(loaded, outputs):
             start = time.perf_counter()
             if isinstance(output, Exception):
                 result = file_error(job, output)
