@@ -28,11 +28,14 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gantool.config import TrainConfig, toml_text
 from gantool.errors import InputError, TrainingError, first_line
 from gantool.fileio import atomic_write_text
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 log = logging.getLogger(__name__)
 
@@ -65,17 +68,33 @@ def summary_writer_class() -> Any:
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as e:
-        raise InputError(f"--tensorboard needs the tensorboard package ({first_line(e)}); "
-                         f"install it with: {TENSORBOARD_INSTALL}") from None
+        raise InputError(
+            f"--tensorboard needs the tensorboard package ({first_line(e)}); install it with: {TENSORBOARD_INSTALL}"
+        ) from None
     return SummaryWriter
 
 
-def write_status(run_dir: Path, state: str, step: int, total_steps: int, phase: str,
-                 checkpoint_step: int | None = None, reason: str | None = None, message: str | None = None) -> None:
+def write_status(
+    run_dir: Path,
+    state: str,
+    step: int,
+    total_steps: int,
+    phase: str,
+    checkpoint_step: int | None = None,
+    reason: str | None = None,
+    message: str | None = None,
+) -> None:
     """Replace ``<run>/status.json`` atomically (a reader never sees half a record)."""
     record = {
-        "state": state, "reason": reason, "message": message, "step": step, "total_steps": total_steps,
-        "phase": phase, "checkpoint_step": checkpoint_step, "pid": os.getpid(), "host": socket.gethostname(),
+        "state": state,
+        "reason": reason,
+        "message": message,
+        "step": step,
+        "total_steps": total_steps,
+        "phase": phase,
+        "checkpoint_step": checkpoint_step,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
         "updated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     atomic_write_text(run_dir / STATUS_FILE, json.dumps(record, indent=1) + "\n")
@@ -104,10 +123,15 @@ class DiscriminatorHealth:
         if self.warned or stretch < self.span or self.streak_records < self.min_records:
             return False
         self.warned = True
-        log.warning("the discriminator wins outright: D(real) > %.2f and D(fake) < %.2f in every logged step from "
-                    "%d to %d; the generator's adversarial signal is vanishing (try a lower --lr-d or a smaller "
-                    "--alpha, or resume from an earlier checkpoint)", D_WIN_REAL, D_WIN_FAKE,
-                    self.streak_start, record["step"])
+        log.warning(
+            "the discriminator wins outright: D(real) > %.2f and D(fake) < %.2f in every logged step from "
+            "%d to %d; the generator's adversarial signal is vanishing (try a lower --lr-d or a smaller "
+            "--alpha, or resume from an earlier checkpoint)",
+            D_WIN_REAL,
+            D_WIN_FAKE,
+            self.streak_start,
+            record["step"],
+        )
         return True
 
 
@@ -129,7 +153,7 @@ class RunTracker:
 
     # -------------------------------------------------------------- context
 
-    def __enter__(self) -> RunTracker:
+    def __enter__(self) -> Self:
         if not self.enabled:
             return self
         self._status(RUNNING)
@@ -145,8 +169,9 @@ class RunTracker:
             self.writer.add_text("config", "\n".join("    " + line for line in config.splitlines()), self.start_step)
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         try:
             if self.enabled and exc is not None and not self.finished:
                 if isinstance(exc, KeyboardInterrupt):
@@ -213,5 +238,6 @@ class RunTracker:
             self._status(STOPPED, BY_SIGNAL if interrupted else EARLY_STOP)
 
     def _status(self, state: str, reason: str | None = None, message: str | None = None) -> None:
-        write_status(self.run_dir, state, self.step, self.cfg.total_steps, self.phase, self.checkpoint_step,
-                     reason, message)
+        write_status(
+            self.run_dir, state, self.step, self.cfg.total_steps, self.phase, self.checkpoint_step, reason, message
+        )

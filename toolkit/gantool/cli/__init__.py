@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "eval": ("gantool.cli.eval_cmd", "eval_", "Compare a model with classical inpainting."),
     "bench": ("gantool.cli.bench_cmd", "bench", "Benchmark training or inference."),
     "doctor": ("gantool.cli.doctor_cmd", "doctor", "Check torch, CUDA and ONNX Runtime."),
+    "runs": ("gantool.cli.runs_cmd", "runs", "List training runs; summarise or plot one."),
 }
 
 
@@ -91,7 +92,7 @@ def cli(verbose: bool) -> None:
     )
     # Third-party libraries stay at WARNING unless asked.
     if not verbose:
-        for name in ("torch", "onnxscript", "onnx_ir", "PIL"):
+        for name in ("torch", "onnxscript", "onnx_ir", "PIL", "matplotlib"):
             logging.getLogger(name).setLevel(logging.WARNING)
 
 
