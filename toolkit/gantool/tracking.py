@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import socket
+import time
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
@@ -163,6 +164,7 @@ class RunTracker:
             # earlier files' events from the resume point on (a run killed after its last
             # checkpoint logged steps that are trained again), so no step is shown twice.
             purge = self.start_step + 1 if self.start_step else None
+            _after_existing_event_files(self.run_dir / TENSORBOARD_DIR)
             self.writer = writer_class(log_dir=str(self.run_dir / TENSORBOARD_DIR), purge_step=purge)
             config = toml_text(self.cfg.to_dict())
             # Markdown: indented lines render as a code block.
@@ -241,3 +243,22 @@ class RunTracker:
         write_status(
             self.run_dir, state, self.step, self.cfg.total_steps, self.phase, self.checkpoint_step, reason, message
         )
+
+
+def _after_existing_event_files(log_dir: Path) -> None:
+    """Wait (at most a second) until a new event file's name sorts after the existing ones.
+
+    TensorBoard reads a folder's event files in name order, and the purge of a
+    resume only drops events from files read before it. The names start with
+    the creation time in whole seconds, then the pid and a per-process counter
+    (not zero-padded), so a file created in the same second as an existing one
+    could sort before it.
+    """
+    newest = 0
+    for path in log_dir.glob("events.out.tfevents.*"):
+        stamp = path.name.split(".")[3]
+        if stamp.isdigit():
+            newest = max(newest, int(stamp))
+    wait = newest + 1 - time.time()
+    if 0 < wait <= 1:  # more would be a clock set back: nothing to gain by waiting
+        time.sleep(wait)
