@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # the dev extra has it
 
 from gantool.cli import cli
 from gantool.errors import InputError
@@ -33,9 +34,6 @@ from gantool.tracking import (
 )
 from gantool.train import _postfix, build_optimizers, train, train_step
 from tiny import no_autocast, tiny_batch, tiny_networks, tiny_train_config
-
-pytest.importorskip("tensorboard", reason='the tensorboard extra: pip install "gantool[tensorboard]"')
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 TINY_ARGS = ["--size", "32", "--local-size", "16", "--width", "4", "--disc-width", "2", "--disc-fc", "8",
              "--batch-size", "4", "--workers", "0", "--quiet"]
