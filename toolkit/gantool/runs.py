@@ -73,7 +73,10 @@ class RunInfo:
 
 
 def looks_like_run(path: Path) -> bool:
-    return path.is_dir() and any((path / marker).exists() for marker in RUN_MARKERS)
+    try:
+        return path.is_dir() and any((path / marker).exists() for marker in RUN_MARKERS)
+    except OSError:  # an unreadable folder is not listed
+        return False
 
 
 def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
@@ -113,7 +116,7 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
 
 def process_alive(pid: int, host: str | None) -> bool | None:
     """Whether ``pid`` runs on this machine; None when the record is from another host."""
-    if host and host != socket.gethostname():
+    if (host and host != socket.gethostname()) or pid <= 0:
         return None
     try:
         os.kill(pid, 0)
