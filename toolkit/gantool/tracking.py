@@ -126,8 +126,8 @@ class DiscriminatorHealth:
         self.warned = True
         log.warning(
             "the discriminator wins outright: D(real) > %.2f and D(fake) < %.2f in every logged step from "
-            "%d to %d; the generator's adversarial signal is vanishing (try a lower --lr-d or a smaller "
-            "--alpha, or resume from an earlier checkpoint)",
+            "%d to %d; the generator's adversarial signal is vanishing (consider a lower --lr-d, resuming "
+            "from a checkpoint before this stretch)",
             D_WIN_REAL,
             D_WIN_FAKE,
             self.streak_start,
