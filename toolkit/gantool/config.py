@@ -104,6 +104,7 @@ class TrainConfig:
     keep_checkpoints: bool = True  # also write checkpoints/step_<N>.pt
     val_images: int = 8
     fill: tuple[float, float, float] | None = None  # None: mean pixel of the data
+    tensorboard: bool = False  # event files under <run>/tensorboard/ (needs the tensorboard extra)
 
     @property
     def total_steps(self) -> int:

@@ -56,6 +56,7 @@ from gantool.fileio import atomic_save, atomic_write_text, ensure_writable_dir
 from gantool.losses import discriminator_loss, generator_adversarial_loss, hole_mse, l1, psnr, ssim
 from gantool.networks import CompletionNetwork, ContextDiscriminator, crop_local
 from gantool.processing import to_uint8
+from gantool.tracking import RunTracker, summary_writer_class
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +103,11 @@ def set_requires_grad(module: nn.Module, flag: bool) -> None:
 def discriminator_step(
     nets: Networks, opt_d: torch.optim.Optimizer, real: Tensor, fake: Tensor, corners: Tensor,
     cfg: TrainConfig, autocast: contextlib.AbstractContextManager,
-) -> float:
-    """D on real and on ``fake`` (already detached); one D optimizer step."""
+) -> dict[str, Tensor]:
+    """D on real and on ``fake`` (already detached); one D optimizer step.
+
+    Returns D's loss and its mean sigmoid output on real (``d_real``) and on fake
+    (``d_fake``), the balance a GAN's health shows in (0-d tensors)."""
     opt_d.zero_grad(set_to_none=True)
     with autocast:
         real_logits, fake_logits = nets.run_pair(
@@ -112,7 +116,8 @@ def discriminator_step(
         loss_d = discriminator_loss(real_logits.float(), fake_logits.float(), cfg.alpha)
     loss_d.backward()
     opt_d.step()
-    return loss_d.detach()
+    return {"loss_d": loss_d.detach(), "d_real": torch.sigmoid(real_logits.detach().float()).mean(),
+            "d_fake": torch.sigmoid(fake_logits.detach().float()).mean()}
 
 
 def generator_step(
@@ -142,17 +147,18 @@ def train_step(
     phase: str, nets: Networks, opt_g: torch.optim.Optimizer, opt_d: torch.optim.Optimizer,
     batch: tuple[Tensor, Tensor, Tensor], cfg: TrainConfig, autocast: contextlib.AbstractContextManager,
 ) -> dict[str, Tensor]:
-    """One step of ``phase`` ("g", "d" or "joint"); returns the losses (0-d tensors)."""
+    """One step of ``phase`` ("g", "d" or "joint"); returns the losses and, where D ran,
+    ``d_real`` / ``d_fake`` (0-d tensors)."""
     real, mask, corners = batch
     if phase == "d":
         with torch.no_grad(), autocast:
             fake = nets.run_generator(real, mask)
-        return {"loss_d": discriminator_step(nets, opt_d, real, fake.float(), corners, cfg, autocast)}
+        return discriminator_step(nets, opt_d, real, fake.float(), corners, cfg, autocast)
     with autocast:
         fake = nets.run_generator(real, mask)
     losses = {}
     if phase == "joint":
-        losses["loss_d"] = discriminator_step(nets, opt_d, real, fake.detach().float(), corners, cfg, autocast)
+        losses.update(discriminator_step(nets, opt_d, real, fake.detach().float(), corners, cfg, autocast))
     rec, adv = generator_step(nets, opt_g, real, fake, mask, corners, cfg, autocast, adversarial=phase == "joint")
     losses["loss_rec"] = rec
     if phase == "joint":
@@ -360,6 +366,8 @@ def train(
     """Run (or resume) training. ``stop_after`` ends the run early after that step
     count (checkpointing it), as an interrupted run would."""
     cfg, state, run_dir = prepare_run(cfg, resume)
+    if cfg.tensorboard:
+        summary_writer_class()  # a missing extra fails here, before any folder exists
     dist = setup_distributed(cfg.device)
     try:
         return _train(cfg, state, run_dir, dist, stop_after, progress)
@@ -430,6 +438,7 @@ def _train(cfg: TrainConfig, state: dict[str, Any] | None, run_dir: Path, dist: 
     memory_format = torch.channels_last if use_channels_last(cfg, device) else torch.contiguous_format
     result = TrainResult(run_dir, step, phase_at(step, cfg), None, rank=dist.rank)
     last_good = run_dir / "checkpoints" / "last.pt" if state is not None or step else None
+    tracker = RunTracker(cfg, run_dir, step, result.phase, enabled=dist.is_main)  # rank 0 writes
 
     def checkpoint(at_step: int) -> Path:
         path = run_dir / "checkpoints" / "last.pt"
@@ -447,6 +456,7 @@ def _train(cfg: TrainConfig, state: dict[str, Any] | None, run_dir: Path, dist: 
                 os.link(path, keep)  # same bytes, no second write; last.pt is later replaced by rename
             except OSError:
                 atomic_save(keep, lambda tmp: tmp.write_bytes(path.read_bytes()))
+        tracker.checkpointed(at_step)
         return path
 
     stop = _StopFlag((signal.SIGINT, signal.SIGTERM) if dist.enabled else (signal.SIGINT,))
@@ -454,7 +464,7 @@ def _train(cfg: TrainConfig, state: dict[str, Any] | None, run_dir: Path, dist: 
     nets.run_generator.train()
     nets.run_pair.train()
     tick, images = time.perf_counter(), 0
-    with stop.installed(), _metrics_writer(run_dir / "metrics.jsonl", dist.is_main) as write_metrics:
+    with stop.installed(), _metrics_writer(run_dir / "metrics.jsonl", dist.is_main) as write_metrics, tracker:
         try:
             for batch in loader:
                 phase = phase_at(step, cfg)
@@ -476,11 +486,14 @@ def _train(cfg: TrainConfig, state: dict[str, Any] | None, run_dir: Path, dist: 
                     tick, images = time.perf_counter(), 0
                     result.history.append(record)
                     write_metrics(record)
+                    tracker.log_train(record, opt_g.param_groups[0]["lr"], opt_d.param_groups[0]["lr"])
                     bar.set_postfix_str(_postfix(record), refresh=False)
                 if dist.is_main and (step % cfg.sample_every == 0 or step == end):
-                    record = validate(nets.generator, val, step, phase, run_dir / "samples" / f"step_{step}.png")
+                    sample_path = run_dir / "samples" / f"step_{step}.png"
+                    record = validate(nets.generator, val, step, phase, sample_path)
                     result.history.append(record)
                     write_metrics(record)
+                    tracker.log_validation(record, sample_path)
                 if dist.is_main and (step % cfg.checkpoint_every == 0 or step == end):
                     last_good = checkpoint(step)
                 bar.update(1)
@@ -495,6 +508,7 @@ def _train(cfg: TrainConfig, state: dict[str, Any] | None, run_dir: Path, dist: 
             bar.close()
         if result.interrupted and dist.is_main and step > result.step:
             last_good = checkpoint(step)
+        tracker.finish(step, phase_at(max(step - 1, 0), cfg), result.interrupted)
     dist.barrier()  # the others wait until rank 0's last checkpoint is on disk
     result.step, result.phase, result.last_checkpoint = step, phase_at(max(step - 1, 0), cfg), last_good
     return result
@@ -550,5 +564,7 @@ def _progress_bar(enabled: bool, start: int, end: int) -> Any:
 def _postfix(record: dict[str, Any]) -> str:
     parts = [PHASE_NAMES[record["phase"]]]
     parts += [f"{k.removeprefix('loss_')}={v:.4g}" for k, v in record.items() if k.startswith("loss_")]
+    if "d_real" in record:
+        parts.append(f"D(real)={record['d_real']:.3f} D(fake)={record['d_fake']:.3f}")
     parts.append(f"{record['images_per_s']:.1f} img/s")
     return " ".join(parts)

@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "serve": ("gantool.cli.serve_cmd", "serve", "Serve inpainting over HTTP, with a browser page."),
     "bench": ("gantool.cli.bench_cmd", "bench", "Benchmark training or inference."),
     "doctor": ("gantool.cli.doctor_cmd", "doctor", "Check torch, CUDA and ONNX Runtime."),
+    "runs": ("gantool.cli.runs_cmd", "runs", "List training runs; summarise or plot one."),
 }
 
 
@@ -92,7 +93,7 @@ def cli(verbose: bool) -> None:
     )
     # Third-party libraries stay at WARNING unless asked.
     if not verbose:
-        for name in ("torch", "onnxscript", "onnx_ir", "PIL"):
+        for name in ("torch", "onnxscript", "onnx_ir", "PIL", "matplotlib"):
             logging.getLogger(name).setLevel(logging.WARNING)
 
 

@@ -47,6 +47,8 @@ Examples:
 @click.option("--checkpoint-every", type=int, help="Checkpoint every N steps.  [default: 1000]")
 @click.option("--log-every", type=int, help="Append to metrics.jsonl every N steps.  [default: 10]")
 @click.option("--workers", type=int, help="DataLoader worker processes.  [default: 2]")
+@click.option("--tensorboard/--no-tensorboard", default=None,
+              help='Write TensorBoard logs to <run>/tensorboard/ (pip install "gantool[tensorboard]").')
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(config_file: str | None, resume: str | None, quiet: bool, compile_: bool | None, **options: Any) -> None:
     """Train a GLCIC inpainting GAN with the fixed GAN loop.
