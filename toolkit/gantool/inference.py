@@ -29,12 +29,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 from PIL import Image
 
+from gantool.constants import DEFAULT_BLEND
 from gantool.errors import GantoolError, InputError
 from gantool.fileio import atomic_save
 from gantool.processing import (
     PNG_COMPRESS_LEVEL,
     IMAGE_EXTENSIONS,
     alpha_hole_mask,
+    blend_output,
+    check_blend,
     crop_padding,
     float_to_output_array,
     image_to_array,
@@ -250,9 +253,10 @@ def _fill_windows(
     strategy: str,
     batch_size: int,
     crop_margin: int | None,
+    blend: str = DEFAULT_BLEND,
 ) -> list[list[tuple[Window, np.ndarray]]]:
     """For each (pixels, mask): its windows and the model's float output for each,
-    at the window's own size."""
+    at the window's own size, post-processed by ``blend`` (per window)."""
     tasks = []
     for item, (pixels, mask) in enumerate(items):
         for window in plan_windows(mask, strategy, backend.train_size, crop_margin):
@@ -262,6 +266,9 @@ def _fill_windows(
         filled = crop_padding(out, task.pad)[0].transpose(1, 2, 0)
         if task.window.scaled_to is not None:
             filled = resize_array(filled, (task.window.height, task.window.width))
+        if blend != "none":
+            pixels, mask = items[task.item]
+            filled = blend_output(pixels(task.window), filled, mask[task.window.region], blend)
         fills[task.item].append((task.window, filled))
     return fills
 
@@ -272,17 +279,20 @@ def inpaint_arrays(
     strategy: str = "auto",
     batch_size: int = 4,
     crop_margin: int | None = None,
+    blend: str = DEFAULT_BLEND,
 ) -> list[np.ndarray]:
     """Inpaint float H x W x 3 images with H x W masks (1 = hole); any sizes.
 
+    ``blend`` (a BLEND_MODES name) post-processes each window's model output.
     Returns float H x W x 3 arrays in which only hole pixels differ from the input.
     """
+    check_blend(blend)
     for image, mask in items:
         if image.shape[:2] != mask.shape:
             raise InputError(f"mask is {mask.shape[1]}x{mask.shape[0]} but image is {image.shape[1]}x{image.shape[0]}")
     sources = [(lambda w, image=image: image[w.region], mask) for image, mask in items]
     results = [np.array(image, dtype=np.float32, copy=True) for image, _ in items]
-    for result, (_, mask), fills in zip(results, items, _fill_windows(backend, sources, strategy, batch_size, crop_margin)):
+    for result, (_, mask), fills in zip(results, items, _fill_windows(backend, sources, strategy, batch_size, crop_margin, blend)):
         for window, filled in fills:
             region = result[window.region]
             region[...] = paste_holes(region, filled, mask[window.region])
@@ -295,10 +305,12 @@ def inpaint_images(
     strategy: str = "auto",
     batch_size: int = 4,
     crop_margin: int | None = None,
+    blend: str = DEFAULT_BLEND,
 ) -> list[Image.Image]:
     """Inpaint PIL images (H x W masks, 1 = hole). Each result has the input's size
     and its family's mode (RGB, L or 16-bit I;16); known pixels are copied from
-    the decoded input unchanged."""
+    the decoded input unchanged. ``blend``: the post-processing (BLEND_MODES)."""
+    check_blend(blend)
 
     def window_pixels(image: Image.Image) -> WindowPixels:
         return lambda w: image_to_array(image.crop((w.left, w.top, w.left + w.width, w.top + w.height)))
@@ -307,7 +319,7 @@ def inpaint_images(
         check_mask_size(mask, image, "mask", "image")
     sources = [(window_pixels(image), mask) for image, mask in items]
     outputs = []
-    for (image, mask), fills in zip(items, _fill_windows(backend, sources, strategy, batch_size, crop_margin)):
+    for (image, mask), fills in zip(items, _fill_windows(backend, sources, strategy, batch_size, crop_margin, blend)):
         mode = output_mode(image)
         known = np.array(image_to_output_array(image), copy=True)
         for window, filled in fills:
@@ -602,6 +614,7 @@ def inpaint_files(
     strategy: str = "auto",
     batch_size: int = 4,
     crop_margin: int | None = None,
+    blend: str = DEFAULT_BLEND,
     overwrite: bool = False,
     on_result: Callable[[FileResult], None] | None = None,
 ) -> RunSummary:
@@ -611,6 +624,7 @@ def inpaint_files(
     are run as one batch. Outputs are PNG, written atomically, never over an
     input or mask file, and over an existing file only with ``overwrite``.
     """
+    check_blend(blend)
     start = time.perf_counter()
     summary = RunSummary(provider=backend.provider, backend=backend.name)
     protected = {job.source.resolve() for job in jobs} | {p.resolve() for p in masks.protected_files()}
@@ -660,13 +674,15 @@ def inpaint_files(
             for result in failed:
                 report(result)
             try:
-                outputs = inpaint_images(backend, [(img, m) for _, img, m in loaded], strategy, batch_size, crop_margin)
+                outputs = inpaint_images(
+                    backend, [(img, m) for _, img, m in loaded], strategy, batch_size, crop_margin, blend
+                )
             except _FILE_ERRORS:
                 outputs = None  # retried one by one below, so one bad image does not fail its batch
             for index, (job, image, mask) in enumerate(loaded):
                 try:
                     if outputs is None:
-                        result = inpaint_images(backend, [(image, mask)], strategy, 1, crop_margin)[0]
+                        result = inpaint_images(backend, [(image, mask)], strategy, 1, crop_margin, blend)[0]
                     else:
                         result = outputs[index]
                 except _FILE_ERRORS as e:

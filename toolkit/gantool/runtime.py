@@ -41,7 +41,9 @@ import numpy as np
 from PIL import Image
 
 from gantool.config import NETWORK_STRIDE, ModelConfig
+from gantool.constants import DEFAULT_BLEND
 from gantool.errors import InputError, ModelError, ProviderError
+from gantool.processing import check_blend
 
 log = logging.getLogger(__name__)
 
@@ -547,7 +549,9 @@ class Inpainter:
 
     ``strategy`` is the default for :meth:`inpaint`: ``auto`` (``crop`` for
     images larger than ``AUTO_CROP_FACTOR`` x the training size, else ``full``),
-    ``full``, ``crop`` or ``resize`` (see :mod:`gantool.inference`).
+    ``full``, ``crop`` or ``resize`` (see :mod:`gantool.inference`). ``blend`` is
+    the post-processing of the model's output: ``poisson`` (GLCIC's fast-marching
+    fill + Poisson blending, :func:`gantool.processing.poisson_blend`) or ``none``.
     """
 
     def __init__(
@@ -560,6 +564,7 @@ class Inpainter:
         batch_size: int = 4,
         crop_margin: int | None = None,
         precision: str = "auto",
+        blend: str = DEFAULT_BLEND,
     ) -> None:
         from gantool.inference import STRATEGIES
 
@@ -567,6 +572,7 @@ class Inpainter:
             raise InputError(f"unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
         if batch_size < 1:
             raise InputError("batch size must be at least 1")
+        self.blend = check_blend(blend)
         self.backend = load_backend(model, provider, backend, precision)
         self.strategy = strategy
         self.batch_size = batch_size
@@ -609,6 +615,7 @@ class Inpainter:
         image: Image.Image | str | Path | np.ndarray,
         mask: Image.Image | str | Path | np.ndarray | None = None,
         strategy: str | None = None,
+        blend: str | None = None,
     ) -> Image.Image:
         """Fill the holes of ``image`` and return a PIL image of the same size.
 
@@ -616,6 +623,7 @@ class Inpainter:
         ``mask``: a PIL image, path or array; > 127 (8-bit) or 1 (0/1 arrays) = hole;
         None uses the image's alpha channel (transparent = hole). Only hole pixels
         change; the result is RGB, L or 16-bit (I;16) like the input's family.
+        ``strategy`` and ``blend`` override the inpainter's defaults for this call.
         """
         from gantool.inference import inpaint_images, load_mask, to_pil_image
 
@@ -627,4 +635,5 @@ class Inpainter:
             strategy=strategy or self.strategy,
             batch_size=self.batch_size,
             crop_margin=self.crop_margin,
+            blend=blend or self.blend,
         )[0]

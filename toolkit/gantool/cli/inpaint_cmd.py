@@ -6,9 +6,12 @@ import sys
 
 import click
 
+from gantool.constants import BLEND_MODES, DEFAULT_BLEND
 from gantool.errors import InputError
 
 STRATEGY_HELP = "auto: crop when max(H, W) > 2 x the model's train size, else full."
+BLEND_HELP = ("Post-processing of the model's output: poisson = GLCIC's fast-marching fill of the hole, then "
+              "Poisson blending of the output onto it (OpenCV); none = the raw output.")
 
 
 def _parse_boxes(
@@ -43,6 +46,7 @@ def _parse_boxes(
               show_default=True, help=STRATEGY_HELP)
 @click.option("--crop-margin", type=click.IntRange(min=0), default=None,
               help="Context in pixels around each hole for --strategy crop (default: train size / 4).")
+@click.option("--blend", type=click.Choice(BLEND_MODES), default=DEFAULT_BLEND, show_default=True, help=BLEND_HELP)
 @click.option("--precision", type=click.Choice(["auto", "fp32", "fp16"]), default="auto", show_default=True,
               help="auto: the exported fp16 ONNX model on the GPU when there is one.")
 @click.option("--overwrite", is_flag=True, help="Replace existing outputs (inputs are never replaced).")
@@ -57,6 +61,7 @@ def inpaint(
     batch_size: int,
     strategy: str,
     crop_margin: int | None,
+    blend: str,
     precision: str,
     overwrite: bool,
 ) -> None:
@@ -77,7 +82,7 @@ def inpaint(
     found = collect_images(images, skip=[masks.path] if masks.path is not None else [])
     jobs = plan_jobs(found, output)
     runner = load_backend(model, provider=provider, backend=backend, precision=precision)
-    click.echo(f"provider: {runner.provider} ({runner.provider_note}); backend: {runner.name}; model: {runner.path}")
+    click.echo(f"provider: {runner.provider} ({runner.provider_note}); backend: {runner.name}; blend: {blend}; model: {runner.path}")
 
     with tqdm(total=len(jobs), unit="img", file=sys.stderr, disable=None, leave=False) as bar:
         def on_result(result: FileResult) -> None:
@@ -86,7 +91,7 @@ def inpaint(
             bar.update(1)
 
         summary = inpaint_files(runner, jobs, masks, strategy=strategy, batch_size=batch_size,
-                                crop_margin=crop_margin, overwrite=overwrite, on_result=on_result)
+                                crop_margin=crop_margin, blend=blend, overwrite=overwrite, on_result=on_result)
     if len(jobs) == 1 and summary.results[0].ok:
         click.echo(f"wrote {summary.results[0].output}")
     click.echo(summary.line())
