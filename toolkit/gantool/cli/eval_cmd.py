@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from gantool.constants import BLEND_MODES, DEFAULT_BLEND
+
 HELP_EPILOG = """\b
 Examples:
   gantool eval --data heldout/                      # the shipped model, box holes, 256 px
@@ -30,14 +32,17 @@ Examples:
 @click.option("--masks-per-image", type=click.IntRange(min=1), default=1, show_default=True,
               help="Score each image with this many different holes.")
 @click.option("--grid", type=click.Path(dir_okay=False, path_type=Path), default=Path("eval_grid.png"),
-              show_default=True, help="Comparison grid PNG: masked | Telea | Navier-Stokes | gantool | truth.")
+              show_default=True, help="Comparison grid PNG: masked | Telea | Navier-Stokes | gantool | gantool + blend | truth.")
 @click.option("--no-grid", is_flag=True, help="Do not write the grid.")
+@click.option("--blend", type=click.Choice(BLEND_MODES), default=DEFAULT_BLEND, show_default=True,
+              help="Also score the model's output after this post-processing, as a row beside the raw output "
+              "(none: the raw output only).")
 @click.option("--provider", type=click.Choice(["auto", "cuda", "tensorrt", "cpu"]), default="auto", show_default=True)
 @click.option("--backend", type=click.Choice(["auto", "onnx", "torchscript", "eager"]), default="auto", show_default=True)
 @click.option("--overwrite", is_flag=True, help="Replace an existing grid file.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (means and per-image values).")
 def eval_(model: str | None, data: Path, grid: Path, no_grid: bool, as_json: bool, **options) -> None:
-    """Compare MODEL with mean-pixel fill and OpenCV's Telea and Navier-Stokes
+    """Compare MODEL (raw and blended) with mean-pixel fill and OpenCV's Telea and Navier-Stokes
     inpainting: PSNR, SSIM and L1 in the hole and over the whole image.
 
     MODEL is a .onnx / .pt / .safetensors file or an export folder; without it
@@ -52,7 +57,7 @@ def eval_(model: str | None, data: Path, grid: Path, no_grid: bool, as_json: boo
         return
     s = result.settings
     click.echo(f"{s['count']} image(s) x {s['masks_per_image']} hole(s) from {s['data']}, {s['masks']} holes in a {s['local_size']} px window, "
-               f"{s['size']} px, seed {s['seed']}; gantool = {s['model_file']} ({s['backend']} on {s['provider']})")
+               f"{s['size']} px, seed {s['seed']}, blend {s['blend']}; gantool = {s['model_file']} ({s['backend']} on {s['provider']})")
     click.echo(result.markdown())
     if result.grid is not None:
         click.echo(f"grid: {result.grid}")
