@@ -4,6 +4,7 @@ borders, several holes, (almost) full holes, masks, modes, and the crop strategy
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -98,7 +99,12 @@ def test_each_hole_is_blended_on_its_own_and_only_its_neighbourhood_matters() ->
         alone = poisson_blend(truth, output, mask)
         assert np.array_equal(result[mask > 0.5], alone[mask > 0.5])
     # the work stays in the hole's box + margin: a crop around it gives the same pixels
-    top, left, bottom, right = 60 - BLEND_MARGIN - 3, 80 - BLEND_MARGIN - 3, 84 + BLEND_MARGIN + 3, 110 + BLEND_MARGIN + 3
+    top, left, bottom, right = (
+        60 - BLEND_MARGIN - 3,
+        80 - BLEND_MARGIN - 3,
+        84 + BLEND_MARGIN + 3,
+        110 + BLEND_MARGIN + 3,
+    )
     rows, cols = slice(top, bottom), slice(left, right)
     cropped = poisson_blend(truth[rows, cols], output[rows, cols], second[rows, cols])
     assert np.array_equal(cropped, result[rows, cols])
@@ -211,8 +217,19 @@ def test_inpaint_command_blend_option(exported_model: ExportedModel, tmp_path: P
     for mode in BLEND_MODES:
         out = tmp_path / f"{mode}.png"
         result = CliRunner().invoke(
-            cli, ["inpaint", str(image), "--mask", str(mask), "-o", str(out), "--blend", mode,
-                  "--model", str(exported_model.folder)],
+            cli,
+            [
+                "inpaint",
+                str(image),
+                "--mask",
+                str(mask),
+                "-o",
+                str(out),
+                "--blend",
+                mode,
+                "--model",
+                str(exported_model.folder),
+            ],
         )
         assert result.exit_code == 0, result.output
         assert f"blend: {mode}" in result.output
@@ -222,6 +239,23 @@ def test_inpaint_command_blend_option(exported_model: ExportedModel, tmp_path: P
     assert not np.array_equal(outputs["poisson"][hole], outputs["none"][hole])
     bad = CliRunner().invoke(cli, ["inpaint", str(image), "--mask", str(mask), "--blend", "soft"])
     assert bad.exit_code == 2 and "soft" in bad.output and "Traceback" not in bad.output
+
+
+def test_missing_opencv_fails_poisson_in_one_line_and_none_still_works(
+    exported_model: ExportedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    image, mask = tmp_path / "photo.png", tmp_path / "mask.png"
+    Image.fromarray(textured_rgb(20, 24)).save(image)
+    box_mask_image(20, 24, 5, 5, 12, 14).save(mask)
+    monkeypatch.setitem(sys.modules, "cv2", None)  # import cv2 now raises ImportError
+    base = ["inpaint", str(image), "--mask", str(mask), "--model", str(exported_model.folder), "--overwrite"]
+    result = CliRunner().invoke(cli, [*base, "-o", str(tmp_path / "a.png")])
+    assert result.exit_code == 1 and "pip install opencv-python-headless" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "a.png").exists()
+    result = CliRunner().invoke(cli, [*base, "-o", str(tmp_path / "b.png"), "--blend", "none"])
+    assert result.exit_code == 0, result.output
+    with pytest.raises(InputError, match="opencv"):
+        Inpainter(exported_model.folder, provider="cpu")
 
 
 @pytest.mark.parametrize("command", [["inpaint"], ["eval"], ["bench", "inpaint"]])

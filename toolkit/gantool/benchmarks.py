@@ -437,7 +437,7 @@ def bench_blend(model: str | Path | None, provider: str, size: int = 512, hole: 
     from gantool.processing import blend_output, image_to_array
     from gantool.runtime import load_backend
 
-    backend = _TimedBackend(load_backend(model, provider, "onnx"))
+    backend: Any = _TimedBackend(load_backend(model, provider, "onnx"))  # a Backend by delegation
     picture = Image.fromarray(_smooth_noisy_rgb(size, np.random.default_rng(0)))
     mask = (_box_mask_array(size, min(hole, size // 2)) > 127).astype(np.float32)
     pixels = image_to_array(picture)

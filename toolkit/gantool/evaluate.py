@@ -32,7 +32,15 @@ from gantool.constants import DEFAULT_BLEND
 from gantool.errors import InputError
 from gantool.fileio import atomic_save, ensure_writable_dir
 from gantool.masks import MASK_KINDS, generate_mask
-from gantool.processing import blend_output, check_blend, image_to_array, read_image, resize_array, to_uint8
+from gantool.processing import (
+    blend_output,
+    check_blend,
+    image_to_array,
+    import_cv2,
+    read_image,
+    resize_array,
+    to_uint8,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +54,6 @@ METHOD_NAMES = {
 }
 METRICS = ("psnr_hole", "psnr", "ssim_hole", "ssim", "l1_hole", "l1")
 GRID_COLUMNS = ("masked", "telea", "ns", "gantool", "gantool_poisson", "truth")
-OPENCV_MISSING = 'OpenCV is needed for the classical baselines: pip install "gantool[eval]"'
 INPAINT_RADIUS = 3  # cv2.inpaint's neighbourhood radius, as in OpenCV's own examples
 
 
@@ -112,14 +119,6 @@ def seeded_mask(kind: str, seed: int, index: int, size: int, local_size: int, dr
 
 
 # --------------------------------------------------------------------------- methods
-
-
-def import_cv2() -> Any:
-    try:
-        import cv2
-    except ImportError:
-        raise InputError(OPENCV_MISSING) from None
-    return cv2
 
 
 def mean_fill(image: np.ndarray, mask: np.ndarray) -> np.ndarray:

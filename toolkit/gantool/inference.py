@@ -624,7 +624,7 @@ def inpaint_files(
     are run as one batch. Outputs are PNG, written atomically, never over an
     input or mask file, and over an existing file only with ``overwrite``.
     """
-    check_blend(blend)
+    check_blend(blend)  # an unknown mode, or no OpenCV, fails the run before any file
     start = time.perf_counter()
     summary = RunSummary(provider=backend.provider, backend=backend.name)
     protected = {job.source.resolve() for job in jobs} | {p.resolve() for p in masks.protected_files()}

@@ -309,7 +309,10 @@ BLEND_MARGIN = 8
 BLEND_MIN_KNOWN_FRACTION = 0.01
 # The hole is dilated by this many pixels before cloning, so the solve's boundary lies on known pixels.
 BLEND_DILATION = 1
-OPENCV_NEEDED = "OpenCV is needed for --blend poisson: pip install opencv-python-headless (or use --blend none)"
+OPENCV_MISSING = (
+    "OpenCV is missing (gantool needs it for --blend poisson and the eval baselines): "
+    "pip install opencv-python-headless, or use --blend none"
+)
 _LOGGED_ONCE: set[str] = set()
 
 
@@ -321,16 +324,20 @@ def _log_once(message: str) -> None:
 
 
 def check_blend(blend: str) -> str:
+    """``blend`` if it is one of BLEND_MODES and can run here (OpenCV for "poisson"); else InputError."""
     if blend not in BLEND_MODES:
         raise choice_error("blend mode", blend, BLEND_MODES)
+    if blend == "poisson":
+        import_cv2()  # fail before any work, not on every file
     return blend
 
 
-def _import_cv2():  # type: ignore[no-untyped-def]
+def import_cv2() -> Any:
+    """OpenCV, imported on first use; InputError (one line) when it is not installed."""
     try:
-        import cv2  # heavy import (about 0.1 s and a large native library): only when blending
+        import cv2  # heavy import (a large native library): only when blending or evaluating
     except ImportError:
-        raise InputError(OPENCV_NEEDED) from None
+        raise InputError(OPENCV_MISSING) from None
     return cv2
 
 
@@ -377,7 +384,7 @@ def poisson_blend(image: np.ndarray, filled: np.ndarray, mask: np.ndarray) -> np
         )
         result[hole] = filled[hole]
         return result
-    cv2 = _import_cv2()
+    cv2 = import_cv2()
     height, width = hole.shape
     hole_u8 = hole.astype(np.uint8)
     side = 2 * BLEND_DILATION + 1

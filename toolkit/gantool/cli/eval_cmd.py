@@ -46,8 +46,9 @@ def eval_(model: str | None, data: Path, grid: Path, no_grid: bool, as_json: boo
     inpainting: PSNR, SSIM and L1 in the hole and over the whole image.
 
     MODEL is a .onnx / .pt / .safetensors file or an export folder; without it
-    the model shipped with gantool is used. The classical methods need OpenCV
-    (pip install "gantool[eval]").
+    the model shipped with gantool is used. "gantool (raw output)" is the
+    network alone; "gantool + Poisson blend" is what `gantool inpaint` writes
+    by default (GLCIC's post-processing).
     """
     from gantool.evaluate import evaluate
 
