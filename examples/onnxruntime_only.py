@@ -28,7 +28,8 @@ if "--blend" in sys.argv[5:]:
     m, hole = 8, mask[0, 0] > 0.5  # reflect-pad by m: seamlessClone fails on a mask that touches the border
     pad = lambda a: np.pad(a, ((m, m), (m, m), (0, 0))[: a.ndim], "symmetric")  # noqa: E731
     holes = pad(hole.astype(np.uint8))
-    base = cv2.inpaint(pad(np.rint(image[0].transpose(1, 2, 0) * 255).astype(np.uint8)), holes * 255, 1, cv2.INPAINT_TELEA)
+    known = pad(np.rint(image[0].transpose(1, 2, 0) * 255).astype(np.uint8))
+    base = cv2.inpaint(known, holes * 255, 1, cv2.INPAINT_TELEA)  # fast marching (Telea) fills the hole
     clone = cv2.dilate(holes, np.ones((3, 3), np.uint8)) * 255  # the solve's boundary on known pixels
     clone[[0, -1], :], clone[:, [0, -1]] = 0, 0  # seamlessClone ignores the outer ring: so must the centre
     x, y, w, h = cv2.boundingRect(clone)  # centre x + w // 2 puts the clone back where it came from

@@ -156,7 +156,8 @@ def test_cli_json_and_errors(exported_model, tmp_path: Path):
 def test_console_entry_runs_bench_inpaint(exported_model, subprocess_env):
     proc = subprocess.run(
         [sys.executable, "-m", "gantool", "bench", "inpaint", str(exported_model.onnx), "--sizes", "32", "--batch", "1",
-         "--backends", "onnx", "--providers", "cpu", "--repeats", "1", "--e2e-images", "0", "--no-crop-check", "--no-blend-check", "--json"],
+         "--backends", "onnx", "--providers", "cpu", "--repeats", "1", "--e2e-images", "0", "--no-crop-check",
+         "--no-blend-check", "--json"],
         capture_output=True, text=True, env=subprocess_env, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr

@@ -132,7 +132,8 @@ def bench_inpaint(model: str | None, as_json: bool, **options) -> None:
                    f"(wall {g['wall_s']:.2f} s, model {g['model_run_s']:.2f} s) -> {'met' if g['met'] else 'NOT met'}")
     if "blend_vs_model_512" in goals:
         g = goals["blend_vs_model_512"]
-        click.echo(f"goal {g['blend']} blending <= 15% on top of the model at {g['size']} px with a {g['hole']} px hole "
+        click.echo(f"goal {g['blend']} blending <= 15% on top of the model at {g['size']} px "
+                   f"with a {g['hole']} px hole "
                    f"(strategy full): {g['blend_vs_model']:.1%} ({g['blend_ms']:.1f} ms vs {g['model_ms']:.0f} ms) -> "
                    f"{'met' if g['met'] else 'NOT met'}")
     if "crop_2048_vs_256" in goals:

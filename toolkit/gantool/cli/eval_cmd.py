@@ -32,7 +32,8 @@ Examples:
 @click.option("--masks-per-image", type=click.IntRange(min=1), default=1, show_default=True,
               help="Score each image with this many different holes.")
 @click.option("--grid", type=click.Path(dir_okay=False, path_type=Path), default=Path("eval_grid.png"),
-              show_default=True, help="Comparison grid PNG: masked | Telea | Navier-Stokes | gantool | gantool + blend | truth.")
+              show_default=True,
+              help="Comparison grid PNG: masked | Telea | Navier-Stokes | gantool | gantool + blend | truth.")
 @click.option("--no-grid", is_flag=True, help="Do not write the grid.")
 @click.option("--blend", type=click.Choice(BLEND_MODES), default=DEFAULT_BLEND, show_default=True,
               help="Also score the model's output after this post-processing, as a row beside the raw output "
@@ -57,8 +58,8 @@ def eval_(model: str | None, data: Path, grid: Path, no_grid: bool, as_json: boo
         click.echo(json.dumps(result.to_dict(), indent=2))
         return
     s = result.settings
-    click.echo(f"{s['count']} image(s) x {s['masks_per_image']} hole(s) from {s['data']}, {s['masks']} holes in a {s['local_size']} px window, "
-               f"{s['size']} px, seed {s['seed']}, blend {s['blend']}; gantool = {s['model_file']} ({s['backend']} on {s['provider']})")
+    click.echo(f"{s['count']} image(s) x {s['masks_per_image']} hole(s) from {s['data']}, {s['masks']} holes in a "
+               f"{s['local_size']} px window, {s['size']} px, seed {s['seed']}, blend {s['blend']}; gantool = {s['model_file']} ({s['backend']} on {s['provider']})")
     click.echo(result.markdown())
     if result.grid is not None:
         click.echo(f"grid: {result.grid}")

@@ -82,7 +82,8 @@ def inpaint(
     found = collect_images(images, skip=[masks.path] if masks.path is not None else [])
     jobs = plan_jobs(found, output)
     runner = load_backend(model, provider=provider, backend=backend, precision=precision)
-    click.echo(f"provider: {runner.provider} ({runner.provider_note}); backend: {runner.name}; blend: {blend}; model: {runner.path}")
+    click.echo(f"provider: {runner.provider} ({runner.provider_note}); backend: {runner.name}; blend: {blend}; "
+               f"model: {runner.path}")
 
     with tqdm(total=len(jobs), unit="img", file=sys.stderr, disable=None, leave=False) as bar:
         def on_result(result: FileResult) -> None:
