@@ -258,7 +258,8 @@ def evaluate(
     paths = find_eval_images(data, count)
     runner = load_backend(model, provider, backend)
 
-    methods = [*(CLASSICAL_METHODS if classical else ()), "gantool", *(() if blend == "none" else (f"gantool_{blend}",))]
+    blended = () if blend == "none" else (f"gantool_{blend}",)  # a row beside the raw output
+    methods = [*(CLASSICAL_METHODS if classical else ()), "gantool", *blended]
     per_image: dict[str, dict[str, list[float]]] = {m: {k: [] for k in METRICS} for m in methods}
     grid_items: list[dict[str, np.ndarray]] = []
     samples = []

@@ -59,7 +59,8 @@ def eval_(model: str | None, data: Path, grid: Path, no_grid: bool, as_json: boo
         return
     s = result.settings
     click.echo(f"{s['count']} image(s) x {s['masks_per_image']} hole(s) from {s['data']}, {s['masks']} holes in a "
-               f"{s['local_size']} px window, {s['size']} px, seed {s['seed']}, blend {s['blend']}; gantool = {s['model_file']} ({s['backend']} on {s['provider']})")
+               f"{s['local_size']} px window, {s['size']} px, seed {s['seed']}, blend {s['blend']}; "
+               f"gantool = {s['model_file']} ({s['backend']} on {s['provider']})")
     click.echo(result.markdown())
     if result.grid is not None:
         click.echo(f"grid: {result.grid}")
