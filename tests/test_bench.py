@@ -66,6 +66,15 @@ def test_bench_inpaint_json_schema(exported_model):
     assert e2e["failed"] == 0 and e2e["run_calls"] >= 1
     assert 0 <= e2e["outside_model_fraction"] <= 1 and e2e["met"] == (e2e["outside_model_fraction"] <= 0.15)
     assert "crop_2048_vs_256" not in result["goals"]
+    # the post-processing's cost, beside the model's, at 512 px with a 128 px hole
+    assert [r["strategy"] for r in result["blend_rows"]] == ["full", "auto"]
+    for row in result["blend_rows"]:
+        assert row["blend"] == "poisson" and row["model_ms"] > 0 and row["blend_ms"] > 0
+        assert row["blend_vs_model"] == pytest.approx(row["blend_ms"] / row["model_ms"])
+    assert result["blend_rows"][0]["windows"] == [[512, 512]] and len(result["blend_rows"][1]["windows"]) == 1
+    goal = result["goals"]["blend_vs_model_512"]
+    assert goal["strategy"] == "full" and goal["met"] == (goal["blend_vs_model"] <= 0.15)
+    assert e2e["blend"] == "poisson"
 
 
 def test_torchscript_is_traced_in_memory_when_the_folder_has_none(exported_model, tmp_path: Path):
@@ -121,7 +130,7 @@ def test_bad_options_raise_input_errors(exported_model):
 
 def test_unavailable_provider_becomes_an_error_row(exported_model):
     rows = bench_inpaint(exported_model.folder, sizes=[32], batches=[1], backends=["eager"], providers=["tensorrt"],
-                         repeats=1, warmup=0, e2e_images=0, crop_check=False)["rows"]
+                         repeats=1, warmup=0, e2e_images=0, crop_check=False, blend_check=False)["rows"]
     assert len(rows) == 1 and "tensorrt" in rows[0]["error"]
 
 
@@ -129,12 +138,15 @@ def test_cli_json_and_errors(exported_model, tmp_path: Path):
     runner = CliRunner()
     args = ["bench", "inpaint", str(exported_model.folder), "--sizes", "32", "--batch", "1", "--backends", "onnx",
             "--providers", "cpu", "--repeats", "1", "--warmup", "0", "--e2e-images", "0", "--no-crop-check"]
-    result = runner.invoke(cli, [*args, "--json"])
+    result = runner.invoke(cli, [*args, "--blend", "none", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert len(data["rows"]) == 1 and set(data["rows"][0]) == ROW_KEYS
+    assert "blend_rows" not in data and "blend_vs_model_512" not in data["goals"]  # --blend none: nothing to time
     result = runner.invoke(cli, args)
     assert result.exit_code == 0 and "| onnx | CPUExecutionProvider | 32 | 1 |" in result.output
+    assert "| poisson | full | 512 | 128 | 512x512 |" in result.output
+    assert "goal poisson blending <= 15% on top of the model at 512 px" in result.output
     result = runner.invoke(cli, ["bench", "inpaint", str(exported_model.folder), "--sizes", "a,b"])
     assert result.exit_code == 2 and "comma-separated integers" in result.output
     result = runner.invoke(cli, ["bench", "inpaint", str(tmp_path / "missing"), "--e2e-images", "0"])
@@ -144,7 +156,8 @@ def test_cli_json_and_errors(exported_model, tmp_path: Path):
 def test_console_entry_runs_bench_inpaint(exported_model, subprocess_env):
     proc = subprocess.run(
         [sys.executable, "-m", "gantool", "bench", "inpaint", str(exported_model.onnx), "--sizes", "32", "--batch", "1",
-         "--backends", "onnx", "--providers", "cpu", "--repeats", "1", "--e2e-images", "0", "--no-crop-check", "--json"],
+         "--backends", "onnx", "--providers", "cpu", "--repeats", "1", "--e2e-images", "0", "--no-crop-check",
+         "--no-blend-check", "--json"],
         capture_output=True, text=True, env=subprocess_env, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
@@ -154,5 +167,5 @@ def test_console_entry_runs_bench_inpaint(exported_model, subprocess_env):
 @GPU_ONLY
 def test_cuda_rows_on_a_gpu_machine(exported_model):
     rows = bench_inpaint(exported_model.folder, sizes=[32], batches=[1], backends=["onnx"], providers=["cuda"],
-                         repeats=1, warmup=1, e2e_images=0, crop_check=False)["rows"]
+                         repeats=1, warmup=1, e2e_images=0, crop_check=False, blend_check=False)["rows"]
     assert rows[0].get("provider") == "CUDAExecutionProvider", rows[0]

@@ -112,11 +112,11 @@ def test_opencv_methods_change_only_the_hole_and_fill_flat_colour(method: str):
 
 def test_missing_opencv_is_one_clear_error(monkeypatch: pytest.MonkeyPatch, image_folder: Path):
     monkeypatch.setitem(sys.modules, "cv2", None)  # import cv2 now raises ImportError
-    with pytest.raises(InputError, match=r'pip install "gantool\[eval\]"'):
+    with pytest.raises(InputError, match="pip install opencv-python-headless"):
         opencv_inpaint(smooth_image(), box(32, 4, 4, 8), "telea")
     result = CliRunner().invoke(cli, ["eval", "--data", str(image_folder), "--size", "32", "--no-grid"])
     assert result.exit_code == 1
-    assert 'pip install "gantool[eval]"' in result.output
+    assert "pip install opencv-python-headless" in result.output
     assert "Traceback" not in result.output
 
 
@@ -156,7 +156,8 @@ def test_comparison_grid_layout():
 def test_evaluate_scores_every_method_and_known_pixels_stay_exact(exported_model, image_folder: Path, tmp_path: Path):
     grid = tmp_path / "grid.png"
     result = evaluate(exported_model.onnx, image_folder, masks="box", size=32, seed=5, grid=grid)
-    assert result.methods == ["mean", "telea", "ns", "gantool"]
+    assert result.methods == ["mean", "telea", "ns", "gantool", "gantool_poisson"]  # raw and blended
+    assert result.settings["blend"] == "poisson"
     assert result.images == ["img0.png", "img1.png", "img2.png"]
     assert result.settings["provider"] == "CPUExecutionProvider"
     for method in result.methods:
@@ -170,13 +171,20 @@ def test_evaluate_scores_every_method_and_known_pixels_stay_exact(exported_model
             gap = result.per_image[method]["psnr"][index] - result.per_image[method]["psnr_hole"][index]
             assert gap == pytest.approx(-10 * math.log10(fraction), abs=1e-3)
     with Image.open(grid) as picture:
-        assert picture.size == (5 * 32 + 4 * 2, 3 * 32 + 2 * 2)
+        assert picture.size == (6 * 32 + 5 * 2, 3 * 32 + 2 * 2)
     # Seeded: a second run gives the same numbers; more holes per image extend them.
     again = evaluate(exported_model.onnx, image_folder, masks="box", size=32, seed=5)
     assert again.per_image == result.per_image
     more = evaluate(exported_model.onnx, image_folder, masks="box", size=32, seed=5, masks_per_image=2)
     assert more.images[:2] == ["img0.png#0", "img0.png#1"] and len(more.images) == 6
     assert more.per_image["gantool"]["psnr"][::2] == result.per_image["gantool"]["psnr"]
+    # blend="none": the raw output alone, with the same numbers as beside the blended row
+    raw = evaluate(exported_model.onnx, image_folder, masks="box", size=32, seed=5, blend="none")
+    assert raw.methods == ["mean", "telea", "ns", "gantool"]
+    assert raw.per_image["gantool"] == result.per_image["gantool"]
+    assert raw.per_image["gantool"] != result.per_image["gantool_poisson"]
+    with pytest.raises(InputError, match="unknown blend mode"):
+        evaluate(exported_model.onnx, image_folder, size=32, blend="soft")
 
 
 def test_evaluate_refuses_bad_options_before_any_work(exported_model, image_folder: Path, tmp_path: Path):
@@ -204,7 +212,7 @@ def test_cli_json_table_and_no_overwrite(exported_model, image_folder: Path, tmp
     result = runner.invoke(cli, [*args, "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
-    assert set(data["mean"]) == {"mean", "telea", "ns", "gantool"}
+    assert set(data["mean"]) == {"mean", "telea", "ns", "gantool", "gantool_poisson"}
     assert set(data["mean"]["gantool"]) == set(METRICS)
     assert data["settings"]["masks"] == "free" and data["grid"] == str(grid)
     before = grid.read_bytes()
@@ -216,7 +224,11 @@ def test_cli_json_table_and_no_overwrite(exported_model, image_folder: Path, tmp
 
     result = runner.invoke(cli, [*args, "--overwrite"])
     assert result.exit_code == 0, result.output
-    assert "| OpenCV Telea |" in result.output and "| gantool |" in result.output
+    assert "| OpenCV Telea |" in result.output and "| gantool (raw output) |" in result.output
+    assert "| gantool + Poisson blend |" in result.output
+    result = runner.invoke(cli, [*args, "--no-grid", "--blend", "none", "--json"])
+    assert result.exit_code == 0, result.output
+    assert set(json.loads(result.output)["mean"]) == {"mean", "telea", "ns", "gantool"}
 
 
 def test_cli_errors_are_one_line(exported_model, tmp_path: Path):
@@ -240,5 +252,5 @@ def test_console_entry_runs_eval(exported_model, image_folder: Path, tmp_path: P
         capture_output=True, text=True, env=subprocess_env, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "2 image(s) x 1 hole(s)" in proc.stdout and "| gantool |" in proc.stdout
+    assert "2 image(s) x 1 hole(s)" in proc.stdout and "| gantool + Poisson blend |" in proc.stdout
     assert (tmp_path / "g.png").is_file()

@@ -24,11 +24,12 @@ import torch
 import torch.nn.functional as F
 
 from gantool.config import TrainConfig
-from gantool.constants import BACKENDS
+from gantool.constants import BACKENDS, DEFAULT_BLEND
 from gantool.errors import GantoolError, InputError, ModelError, choice_error, first_line
 from gantool.inference import inpaint_images
 from gantool.networks import CompletionNetwork, ContextDiscriminator, crop_local, fold_batchnorm
 from gantool.pipeline import run_inpaint
+from gantool.processing import check_blend
 from gantool.providers import cuda_device_visible
 from gantool.runtime import load_backend
 from gantool.train import (
@@ -365,7 +366,7 @@ def _write_bench_folder(root: Path, images: int, size: int) -> tuple[Path, Path]
 
 
 def bench_end_to_end(model: str | Path | None, images: int, size: int, provider: str, strategy: str = "auto",
-                     batch_size: int = 4) -> dict[str, Any]:
+                     batch_size: int = 4, blend: str = DEFAULT_BLEND) -> dict[str, Any]:
     """``gantool inpaint``'s file loop (read, mask, pre/post-process, run, write PNG)
     over ``images`` files of ``size`` px: wall time against summed backend.run time."""
     import tempfile
@@ -377,11 +378,11 @@ def bench_end_to_end(model: str | Path | None, images: int, size: int, provider:
         folder, mask_path = _write_bench_folder(Path(tmp), images, size)
         out = Path(tmp) / "out"
         start = time.perf_counter()
-        summary = run_inpaint([folder], backend, mask=mask_path, output=out, strategy=strategy, batch_size=batch_size)  # type: ignore[arg-type]
+        summary = run_inpaint([folder], backend, mask=mask_path, output=out, strategy=strategy, batch_size=batch_size, blend=blend)  # type: ignore[arg-type]
         wall = time.perf_counter() - start
     outside = max(0.0, wall - backend.run_seconds)
     return {
-        "images": images, "size": size, "strategy": strategy, "batch_size": batch_size,
+        "images": images, "size": size, "strategy": strategy, "batch_size": batch_size, "blend": blend,
         "backend": "onnx", "provider": backend.provider, "failed": summary.failed,
         "model_load_s": load_s, "wall_s": wall, "model_run_s": backend.run_seconds, "run_calls": backend.calls,
         "outside_model_fraction": outside / wall if wall > 0 else None,
@@ -402,13 +403,62 @@ def bench_crop(model: str | Path | None, provider: str, large: int = 2048, small
     for name, side, strategy in (("large_crop", large, "crop"), ("small_full", small, "full")):
         picture = Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8))
         mask = (_box_mask_array(side, min(hole, side // 2)) > 127).astype(np.float32)
-        run = lambda: inpaint_images(backend, [(picture, mask)], strategy=strategy, batch_size=1)  # noqa: E731
+        # blend="none": the strategies are compared here; the blend is timed on its own (bench_blend).
+        run = lambda: inpaint_images(  # noqa: E731
+            backend, [(picture, mask)], strategy=strategy, batch_size=1, blend="none"
+        )
         timings[name] = statistics.median(_timed(run, repeats, 1, torch.device("cpu")))
     return {
         "large": large, "small": small, "hole": hole, "provider": backend.provider,
         "large_crop_s": timings["large_crop"], "small_full_s": timings["small_full"],
         "ratio": timings["large_crop"] / timings["small_full"],
     }
+
+
+def _smooth_noisy_rgb(size: int, rng: np.random.Generator) -> np.ndarray:
+    """Smooth gradients with noise (uint8 H x W x 3): PNG sizes like photos', not like flat colour."""
+    y, x = np.mgrid[0:size, 0:size].astype(np.float32) / size
+    base = np.stack([x, y, (x + y) / 2], axis=2) * 180 + rng.integers(0, 60, (size, size, 3))
+    return base.astype(np.uint8)
+
+
+def bench_blend(model: str | Path | None, provider: str, size: int = 512, hole: int = 128, repeats: int = 3,
+                strategies: Sequence[str] = ("full", "auto"), blend: str = DEFAULT_BLEND) -> list[dict[str, Any]]:
+    """The cost of the post-processing next to the model's: one ``size`` px image with a
+    ``hole`` px square hole, per strategy. ``model_ms`` is the median time in
+    backend.run (the windows the strategy runs), ``blend_ms`` the median time of
+    processing.blend_output on the same windows' outputs (what inpaint_images adds)."""
+    from PIL import Image
+
+    from gantool.inference import _fill_windows, inpaint_images
+    from gantool.processing import blend_output, image_to_array
+    from gantool.runtime import load_backend
+
+    backend: Any = _TimedBackend(load_backend(model, provider, "onnx"))  # a Backend by delegation
+    picture = Image.fromarray(_smooth_noisy_rgb(size, np.random.default_rng(0)))
+    mask = (_box_mask_array(size, min(hole, size // 2)) > 127).astype(np.float32)
+    pixels = image_to_array(picture)
+    rows = []
+    for strategy in strategies:
+        model_times = []
+        for _ in range(repeats + 1):  # the first run warms up
+            backend.run_seconds = 0.0
+            inpaint_images(backend, [(picture, mask)], strategy=strategy, batch_size=1, blend="none")
+            model_times.append(backend.run_seconds)
+        fills = _fill_windows(backend, [(lambda w: pixels[w.region], mask)], strategy, 1, None, "none")[0]
+
+        def post_process() -> None:
+            for window, filled in fills:
+                blend_output(pixels[window.region], filled, mask[window.region], blend)
+
+        blend_times = _timed(post_process, repeats, 1, torch.device("cpu"))
+        model_ms, blend_ms = statistics.median(model_times[1:]) * 1e3, statistics.median(blend_times) * 1e3
+        rows.append({
+            "strategy": strategy, "size": size, "hole": hole, "blend": blend, "provider": backend.provider,
+            "windows": [[w.height, w.width] for w, _ in fills], "model_ms": model_ms, "blend_ms": blend_ms,
+            "blend_vs_model": blend_ms / model_ms if model_ms > 0 else None, "runs": repeats,
+        })
+    return rows
 
 
 def bench_inpaint(
@@ -424,11 +474,15 @@ def bench_inpaint(
     e2e_strategy: str = "auto",
     crop_check: bool = True,
     goal_provider: str = "cpu",
+    blend: str = DEFAULT_BLEND,
+    blend_check: bool = True,
 ) -> dict[str, Any]:
     """Median ms per image, images/s, achieved GFLOP/s and peak memory for each
     backend x provider x size x batch, plus the three inference goals measured
     side by side (ORT CPU vs eager at 512 px batch 1; time outside the model in
-    the file loop; crop on 2048 px vs a 256 px image). Never used for timed tests."""
+    the file loop; crop on 2048 px vs a 256 px image), and the cost of ``blend`` next to
+    the model's at 512 px with a 128 px hole (goal <= 15 %). Never used for timed tests."""
+    check_blend(blend)
     unknown = [b for b in backends if b not in INPAINT_BACKENDS]
     if unknown:
         raise choice_error("backend", unknown[0], INPAINT_BACKENDS)
@@ -457,13 +511,18 @@ def bench_inpaint(
         speedup = eager["median_ms_per_image"] / ort_cpu["median_ms_per_image"]
         goals["ort_cpu_vs_eager_512_b1"] = {"speedup": speedup, "goal": 1.2, "met": speedup >= 1.2}
     if e2e_images:
-        e2e = bench_end_to_end(model, e2e_images, e2e_size, goal_provider, e2e_strategy)
+        e2e = bench_end_to_end(model, e2e_images, e2e_size, goal_provider, e2e_strategy, blend=blend)
         e2e.update(goal=0.15, met=e2e["outside_model_fraction"] is not None and e2e["outside_model_fraction"] <= 0.15)
         goals["end_to_end_outside_model"] = e2e
     if crop_check:
         crop = bench_crop(model, goal_provider)
         crop.update(goal=2.0, met=crop["ratio"] <= 2.0)
         goals["crop_2048_vs_256"] = crop
+    if blend_check and blend != "none":
+        rows_blend = bench_blend(model, goal_provider, blend=blend)
+        result["blend_rows"] = rows_blend
+        full = next(r for r in rows_blend if r["strategy"] == "full")
+        goals["blend_vs_model_512"] = {**full, "goal": 0.15, "met": full["blend_vs_model"] <= 0.15}
     return result
 
 

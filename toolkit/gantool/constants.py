@@ -19,6 +19,10 @@ PRECISIONS = ("auto", "fp32", "fp16")
 STRATEGIES = ("auto", "full", "crop", "resize")
 # Training / evaluation hole shapes (see gantool.masks).
 MASK_KINDS = ("box", "free", "mixed")
+# Post-processing of the network's output (see gantool.processing.poisson_blend):
+# "poisson" = GLCIC's fast-marching fill of the hole, then Poisson blending of the
+# network's output onto it; "none" = the raw network output.
+BLEND_MODES = ("poisson", "none")
 # Training devices.
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:N")
 
@@ -28,6 +32,7 @@ DEFAULT_BACKEND = "auto"
 DEFAULT_PRECISION = "auto"
 DEFAULT_STRATEGY = "auto"
 DEFAULT_INPAINT_BATCH = 4
+DEFAULT_BLEND = "poisson"
 # ``auto`` switches from ``full`` to ``crop`` when max(H, W) > AUTO_CROP_FACTOR * train size.
 AUTO_CROP_FACTOR = 2
 # ``crop`` context around each hole, as a fraction of the train size.

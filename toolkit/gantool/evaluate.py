@@ -11,7 +11,9 @@ against the truth with :mod:`gantool.losses`:
 
 Methods: ``mean`` (the hole filled with the mean of the image's known pixels),
 ``telea`` and ``ns`` (OpenCV's ``cv2.inpaint`` with INPAINT_TELEA and
-INPAINT_NS, from the ``eval`` extra) and ``gantool`` (the model).
+INPAINT_NS) and ``gantool`` (the model's raw output); with ``blend="poisson"``
+also ``gantool_poisson``: the same output after GLCIC's post-processing
+(:func:`gantool.processing.poisson_blend`), as ``gantool inpaint`` writes it.
 """
 
 from __future__ import annotations
@@ -27,11 +29,20 @@ import numpy as np
 from PIL import Image
 
 from gantool.artifacts import META_TRAIN_STEP, META_WEIGHTS_SHA256
+from gantool.constants import DEFAULT_BLEND
 from gantool.errors import InputError
 from gantool.fileio import atomic_save, ensure_writable_dir
 from gantool.inference import inpaint_arrays
 from gantool.masks import MASK_KINDS, generate_mask
-from gantool.processing import image_to_array, read_image, resize_array, to_uint8
+from gantool.processing import (
+    blend_output,
+    check_blend,
+    image_to_array,
+    import_cv2,
+    read_image,
+    resize_array,
+    to_uint8,
+)
 from gantool.runtime import load_backend
 
 log = logging.getLogger(__name__)
@@ -41,11 +52,11 @@ METHOD_NAMES = {
     "mean": "mean-pixel fill",
     "telea": "OpenCV Telea",
     "ns": "OpenCV Navier-Stokes",
-    "gantool": "gantool",
+    "gantool": "gantool (raw output)",
+    "gantool_poisson": "gantool + Poisson blend",
 }
 METRICS = ("psnr_hole", "psnr", "ssim_hole", "ssim", "l1_hole", "l1")
-GRID_COLUMNS = ("masked", "telea", "ns", "gantool", "truth")
-OPENCV_MISSING = 'OpenCV is needed for the classical baselines: pip install "gantool[eval]"'
+GRID_COLUMNS = ("masked", "telea", "ns", "gantool", "gantool_poisson", "truth")
 INPAINT_RADIUS = 3  # cv2.inpaint's neighbourhood radius, as in OpenCV's own examples
 
 
@@ -111,14 +122,6 @@ def seeded_mask(kind: str, seed: int, index: int, size: int, local_size: int, dr
 
 
 # --------------------------------------------------------------------------- methods
-
-
-def import_cv2() -> Any:
-    try:
-        import cv2
-    except ImportError:
-        raise InputError(OPENCV_MISSING) from None
-    return cv2
 
 
 def mean_fill(image: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -222,6 +225,7 @@ def evaluate(
     grid_rows: int = 8,
     overwrite: bool = False,
     classical: bool = True,
+    blend: str = DEFAULT_BLEND,
 ) -> EvalResult:
     """Score ``model`` (a file, export folder, or None for the shipped model) and
     the classical baselines on the images under ``data``.
@@ -229,7 +233,9 @@ def evaluate(
     ``local_size`` is the window holes are drawn in (default ``size // 2``; box
     holes are local_size/2 to local_size on a side); each image is scored with
     ``masks_per_image`` different holes. ``grid`` writes a PNG of the first hole
-    of the first ``grid_rows`` images: masked | Telea | Navier-Stokes | gantool | truth.
+    of the first ``grid_rows`` images: masked | Telea | Navier-Stokes | gantool |
+    gantool + blend | truth. ``blend`` other than "none" adds a row (and a grid column)
+    for the model's output post-processed that way; the raw output keeps its row.
     """
     if size < 16:
         raise InputError(f"--size must be at least 16, got {size}")
@@ -247,12 +253,14 @@ def evaluate(
         if grid_path.exists() and not overwrite:
             raise InputError(f"{grid_path} exists (use --overwrite, or another --grid)")
         ensure_writable_dir(grid_path.parent)  # fail before the work, not after it
-    if classical:
+    check_blend(blend)
+    if classical or blend != "none":
         import_cv2()  # fail before any work when OpenCV is missing
     paths = find_eval_images(data, count)
     runner = load_backend(model, provider, backend)
 
-    methods = [*(CLASSICAL_METHODS if classical else ()), "gantool"]
+    blended = () if blend == "none" else (f"gantool_{blend}",)  # a row beside the raw output
+    methods = [*(CLASSICAL_METHODS if classical else ()), "gantool", *blended]
     per_image: dict[str, dict[str, list[float]]] = {m: {k: [] for k in METRICS} for m in methods}
     grid_items: list[dict[str, np.ndarray]] = []
     samples = []
@@ -262,7 +270,7 @@ def evaluate(
             samples.append(f"{path.name}#{draw}" if masks_per_image > 1 else path.name)
             mask = seeded_mask(masks, seed, index, size, local_size, draw)
             in_grid = grid_path is not None and draw == 0 and len(grid_items) < grid_rows
-            _score(runner, truth, mask, methods, classical, per_image, grid_items if in_grid else None)
+            _score(runner, truth, mask, methods, classical, blend, per_image, grid_items if in_grid else None)
 
     if grid_path is not None:
         columns = [c for c in GRID_COLUMNS if c in grid_items[0]]
@@ -272,14 +280,14 @@ def evaluate(
         "data": str(data), "masks": masks, "size": size, "local_size": local_size, "seed": seed,
         "count": len(paths), "masks_per_image": masks_per_image, "backend": runner.name,
         "provider": runner.provider, "model_file": str(runner.path),
-        "opencv_radius": INPAINT_RADIUS if classical else None,
+        "opencv_radius": INPAINT_RADIUS if classical else None, "blend": blend,
     }
     model_meta = {k: v for k, v in runner.metadata.items() if k in (META_TRAIN_STEP, META_WEIGHTS_SHA256)}
     return EvalResult(settings, samples, per_image, grid_path, model_meta)
 
 
 def _score(
-    runner: Any, truth: np.ndarray, mask: np.ndarray, methods: list[str], classical: bool,
+    runner: Any, truth: np.ndarray, mask: np.ndarray, methods: list[str], classical: bool, blend: str,
     per_image: dict[str, dict[str, list[float]]], grid_items: list[dict[str, np.ndarray]] | None,
 ) -> None:
     """Fill one hole with every method; append the metrics (and a grid row)."""
@@ -288,8 +296,12 @@ def _score(
         outputs["mean"] = mean_fill(truth, mask)
         outputs["telea"] = opencv_inpaint(truth, mask, "telea")
         outputs["ns"] = opencv_inpaint(truth, mask, "ns")
-    model_out = inpaint_arrays(runner, [(truth, mask)], strategy="full", batch_size=1)[0]
+    model_out = inpaint_arrays(runner, [(truth, mask)], strategy="full", batch_size=1, blend="none")[0]
     outputs["gantool"] = to_uint8(model_out).astype(np.float32) / 255.0  # what would be saved
+    if blend != "none":
+        # The model runs once; its output is blended as inpaint_arrays(..., blend=blend) would.
+        blended = blend_output(truth, model_out, mask, blend)
+        outputs[f"gantool_{blend}"] = to_uint8(blended).astype(np.float32) / 255.0
     for method in methods:
         for key, value in image_metrics(outputs[method], truth, mask).items():
             per_image[method][key].append(value)

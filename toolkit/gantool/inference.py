@@ -27,6 +27,7 @@ from gantool.constants import (
     AUTO_CROP_FACTOR,
     CROP_MARGIN_FRACTION,
     DEFAULT_BACKEND,
+    DEFAULT_BLEND,
     DEFAULT_INPAINT_BATCH,
     DEFAULT_PRECISION,
     DEFAULT_PROVIDER,
@@ -36,6 +37,8 @@ from gantool.constants import (
 from gantool.errors import InputError, choice_error
 from gantool.processing import (
     alpha_hole_mask,
+    blend_output,
+    check_blend,
     check_lossless,
     crop_padding,
     float_to_output_array,
@@ -238,9 +241,10 @@ def _fill_windows(
     strategy: str,
     batch_size: int,
     crop_margin: int | None,
+    blend: str = DEFAULT_BLEND,
 ) -> list[list[tuple[Window, np.ndarray]]]:
     """For each (pixels, mask): its windows and the model's float output for each,
-    at the window's own size."""
+    at the window's own size, post-processed by ``blend`` (per window)."""
     tasks = []
     for item, (pixels, mask) in enumerate(items):
         for window in plan_windows(mask, strategy, backend.train_size, crop_margin):
@@ -250,6 +254,9 @@ def _fill_windows(
         filled = crop_padding(out, task.pad)[0].transpose(1, 2, 0)
         if task.window.scaled_to is not None:
             filled = resize_array(filled, (task.window.height, task.window.width))
+        if blend != "none":
+            pixels, mask = items[task.item]
+            filled = blend_output(pixels(task.window), filled, mask[task.window.region], blend)
         fills[task.item].append((task.window, filled))
     return fills
 
@@ -260,17 +267,20 @@ def inpaint_arrays(
     strategy: str = DEFAULT_STRATEGY,
     batch_size: int = DEFAULT_INPAINT_BATCH,
     crop_margin: int | None = None,
+    blend: str = DEFAULT_BLEND,
 ) -> list[np.ndarray]:
     """Inpaint float H x W x 3 images with H x W masks (1 = hole); any sizes.
 
     Returns float H x W x 3 arrays in which only hole pixels differ from the input.
+    ``blend`` (a BLEND_MODES name) post-processes each window's model output.
     """
+    check_blend(blend)
     for image, mask in items:
         if image.shape[:2] != mask.shape:
             raise InputError(f"mask is {mask.shape[1]}x{mask.shape[0]} but image is {image.shape[1]}x{image.shape[0]}")
     sources = [(lambda w, image=image: image[w.region], mask) for image, mask in items]
     results = [np.array(image, dtype=np.float32, copy=True) for image, _ in items]
-    for result, (_, mask), fills in zip(results, items, _fill_windows(backend, sources, strategy, batch_size, crop_margin)):
+    for result, (_, mask), fills in zip(results, items, _fill_windows(backend, sources, strategy, batch_size, crop_margin, blend)):
         for window, filled in fills:
             region = result[window.region]
             region[...] = paste_holes(region, filled, mask[window.region])
@@ -283,10 +293,12 @@ def inpaint_images(
     strategy: str = DEFAULT_STRATEGY,
     batch_size: int = DEFAULT_INPAINT_BATCH,
     crop_margin: int | None = None,
+    blend: str = DEFAULT_BLEND,
 ) -> list[Image.Image]:
     """Inpaint PIL images (H x W masks, 1 = hole). Each result has the input's size
     and its family's mode (RGB, L or 16-bit I;16); known pixels are copied from
-    the decoded input unchanged."""
+    the decoded input unchanged. ``blend``: the post-processing (BLEND_MODES)."""
+    check_blend(blend)
 
     def window_pixels(image: Image.Image) -> WindowPixels:
         return lambda w: image_to_array(image.crop((w.left, w.top, w.left + w.width, w.top + w.height)))
@@ -295,7 +307,7 @@ def inpaint_images(
         check_mask_size(mask, image, "mask", "image")
     sources = [(window_pixels(image), mask) for image, mask in items]
     outputs = []
-    for (image, mask), fills in zip(items, _fill_windows(backend, sources, strategy, batch_size, crop_margin)):
+    for (image, mask), fills in zip(items, _fill_windows(backend, sources, strategy, batch_size, crop_margin, blend)):
         mode = output_mode(image)
         known = np.array(image_to_output_array(image), copy=True)
         for window, filled in fills:
@@ -387,7 +399,9 @@ class Inpainter:
 
     ``model``: an export or run folder, a model file (.onnx, TorchScript .pt,
     checkpoint .pt, .safetensors), or None for the shipped model. ``strategy``
-    is the default for :meth:`inpaint` (see :func:`plan_windows`).
+    is the default for :meth:`inpaint` (see :func:`plan_windows`). ``blend`` is
+    the post-processing of the model's output: ``poisson`` (GLCIC's fast-marching
+    fill + Poisson blending, :func:`gantool.processing.poisson_blend`) or ``none``.
     """
 
     def __init__(
@@ -400,6 +414,7 @@ class Inpainter:
         batch_size: int = DEFAULT_INPAINT_BATCH,
         crop_margin: int | None = None,
         precision: str = DEFAULT_PRECISION,
+        blend: str = DEFAULT_BLEND,
     ) -> None:
         if strategy not in STRATEGIES:
             raise choice_error("strategy", strategy, STRATEGIES)
@@ -407,6 +422,7 @@ class Inpainter:
             raise InputError(f"batch size must be a whole number >= 1, got {batch_size!r}")
         if crop_margin is not None and (not isinstance(crop_margin, int) or crop_margin < 0):
             raise InputError(f"crop margin must be a whole number >= 0, got {crop_margin!r}")
+        self.blend = check_blend(blend)
         self.backend = load_backend(model, provider, backend, precision)
         self.strategy = strategy
         self.batch_size = batch_size
@@ -447,6 +463,7 @@ class Inpainter:
         image: Image.Image | str | Path | np.ndarray,
         mask: Image.Image | str | Path | np.ndarray | None = None,
         strategy: str | None = None,
+        blend: str | None = None,
     ) -> Image.Image:
         """Fill the holes of ``image`` and return a PIL image of the same size.
 
@@ -454,6 +471,7 @@ class Inpainter:
         ``mask``: a PIL image, path or array; > 127 (8-bit) or 1 (0/1 arrays) = hole;
         None uses the image's alpha channel (transparent = hole). Only hole pixels
         change; the result is RGB, L or 16-bit (I;16) like the input's family.
+        ``strategy`` and ``blend`` override the inpainter's defaults for this call.
         """
         pil_image = to_pil_image(image, "image")
         mask_array = load_mask(mask, pil_image)
@@ -463,4 +481,5 @@ class Inpainter:
             strategy=strategy or self.strategy,
             batch_size=self.batch_size,
             crop_margin=self.crop_margin,
+            blend=blend or self.blend,
         )[0]

@@ -30,6 +30,7 @@ from PIL import Image
 
 from gantool.constants import (
     DEFAULT_BACKEND,
+    DEFAULT_BLEND,
     DEFAULT_INPAINT_BATCH,
     DEFAULT_PRECISION,
     DEFAULT_PROVIDER,
@@ -38,7 +39,7 @@ from gantool.constants import (
 from gantool.errors import GantoolError, InputError, first_line
 from gantool.fileio import atomic_save
 from gantool.inference import boxes_to_mask, check_mask_size, inpaint_images
-from gantool.processing import IMAGE_EXTENSIONS, PNG_COMPRESS_LEVEL, alpha_hole_mask, mask_to_array, read_image
+from gantool.processing import check_blend, IMAGE_EXTENSIONS, PNG_COMPRESS_LEVEL, alpha_hole_mask, mask_to_array, read_image
 from gantool.runtime import Backend, load_backend
 
 OUTPUT_SUFFIX = ".inpainted.png"
@@ -304,17 +305,18 @@ def inpaint_loaded(
     strategy: str,
     batch_size: int,
     crop_margin: int | None,
+    blend: str = DEFAULT_BLEND,
 ) -> list[Image.Image | Exception]:
     """Results of ``inpaint_images`` for each item, or the error that image raised:
     a failing batch is retried one by one, so one bad image does not fail its batch."""
     try:
-        return list(inpaint_images(backend, items, strategy, batch_size, crop_margin))
+        return list(inpaint_images(backend, items, strategy, batch_size, crop_margin, blend))
     except FILE_ERRORS:
         pass
     results: list[Image.Image | Exception] = []
     for image, mask in items:
         try:
-            results.append(inpaint_images(backend, [(image, mask)], strategy, 1, crop_margin)[0])
+            results.append(inpaint_images(backend, [(image, mask)], strategy, 1, crop_margin, blend)[0])
         except FILE_ERRORS as e:
             results.append(e)
     return results
@@ -344,6 +346,7 @@ def inpaint_files(
     strategy: str = DEFAULT_STRATEGY,
     batch_size: int = DEFAULT_INPAINT_BATCH,
     crop_margin: int | None = None,
+    blend: str = DEFAULT_BLEND,
     overwrite: bool = False,
     on_result: Callable[[FileResult], None] | None = None,
 ) -> RunSummary:
@@ -353,6 +356,7 @@ def inpaint_files(
     are run as one batch. Outputs are PNG, written atomically, never over an
     input or mask file, and over an existing file only with ``overwrite``.
     """
+    check_blend(blend)  # an unknown mode, or no OpenCV, fails the run before any file
     start = time.perf_counter()
     summary = RunSummary(provider=backend.provider, backend=backend.name)
     protected = protected_paths(jobs, masks)
@@ -397,7 +401,9 @@ def inpaint_files(
             upcoming = reader.submit(load, chunks[number + 1]) if number + 1 < len(chunks) else None
             for result in failed:
                 report(result)
-            outputs = inpaint_loaded(backend, [(img, m) for _, img, m in loaded], strategy, batch_size, crop_margin)
+            outputs = inpaint_loaded(
+                backend, [(img, m) for _, img, m in loaded], strategy, batch_size, crop_margin, blend
+            )
             for (job, _, mask), output in zip(loaded, outputs):
                 if isinstance(output, Exception):
                     report(file_error(job, output))
@@ -423,6 +429,7 @@ def run_inpaint(
     strategy: str = DEFAULT_STRATEGY,
     batch_size: int = DEFAULT_INPAINT_BATCH,
     crop_margin: int | None = None,
+    blend: str = DEFAULT_BLEND,
     overwrite: bool = False,
     on_start: Callable[[Backend, Sequence[ImageJob]], None] | None = None,
     on_result: Callable[[FileResult], None] | None = None,
@@ -442,6 +449,6 @@ def run_inpaint(
     if on_start is not None:
         on_start(backend, jobs)
     return inpaint_files(
-        backend, jobs, masks, strategy=strategy, batch_size=batch_size, crop_margin=crop_margin,
+        backend, jobs, masks, strategy=strategy, batch_size=batch_size, crop_margin=crop_margin, blend=blend,
         overwrite=overwrite, on_result=on_result,
     )  # fmt: skip

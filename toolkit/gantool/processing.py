@@ -8,7 +8,10 @@ threshold, padding and compositing are defined once:
 - masks are float32 {0, 1}, 1 = hole; a mask pixel counts as a hole when it is
   above half of its range (> 127 for 8-bit);
 - sizes are padded (reflect) to the model's size multiple and cropped back;
-- the result is composited: only hole pixels change.
+- the result is composited: only hole pixels change;
+- GLCIC's post-processing (:func:`poisson_blend`: a fast-marching fill of the
+  hole, then Poisson blending of the network's output onto it) runs here, after
+  the network and before the composite, for every backend and precision.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from gantool.config import NETWORK_STRIDE, ModelConfig
-from gantool.errors import InputError, SizeLimitError, first_line
+from gantool.constants import BLEND_MODES
+from gantool.errors import InputError, SizeLimitError, choice_error, first_line
 
 log = logging.getLogger(__name__)
 
@@ -375,3 +379,142 @@ def resize_mask(mask: np.ndarray, size: tuple[int, int]) -> np.ndarray:
         (width, height), Image.Resampling.BOX
     )
     return (np.asarray(area) > 1e-6).astype(np.float32)
+
+
+# ------------------------------------------------------------------ GLCIC post-processing
+#
+# Iizuka et al. blend the completed region into its surroundings instead of
+# showing the raw network output: the hole is filled by fast marching (Telea
+# 2004), then the network's output is Poisson-blended onto that fill (Perez et
+# al. 2003), as GLCIC-PyTorch's ``poisson_blend`` does with cv2.inpaint and
+# cv2.seamlessClone. It is not part of the exported graph: export and parity
+# stay about the network.
+
+# cv2.inpaint's neighbourhood radius for the fast-marching fill: 1, as GLCIC-PyTorch.
+# On the held-out images it blended better than 3 or 5 (and Telea costs 4x less than at 3).
+BLEND_TELEA_RADIUS = 1
+# Context around each hole that the fill and the solve see: more than Telea's
+# radius plus the one-pixel dilation, and small, so the cost follows the hole, not the image.
+BLEND_MARGIN = 8
+# With fewer known pixels than this share of the image, the Poisson solve would be
+# anchored to the fast-marching guess rather than to the image: keep the network's output.
+BLEND_MIN_KNOWN_FRACTION = 0.01
+# The hole is dilated by this many pixels before cloning, so the solve's boundary lies on known pixels.
+BLEND_DILATION = 1
+OPENCV_MISSING = (
+    "OpenCV is missing (gantool needs it for --blend poisson and the eval baselines): "
+    "pip install opencv-python-headless, or use --blend none"
+)
+_LOGGED_ONCE: set[str] = set()
+
+
+def _log_once(message: str) -> None:
+    """Warn once per process, not once per image of a large batch."""
+    if message not in _LOGGED_ONCE:
+        _LOGGED_ONCE.add(message)
+        log.warning(message)
+
+
+def check_blend(blend: str) -> str:
+    """``blend`` if it is one of BLEND_MODES and can run here (OpenCV for "poisson"); else InputError."""
+    if blend not in BLEND_MODES:
+        raise choice_error("blend mode", blend, BLEND_MODES)
+    if blend == "poisson":
+        import_cv2()  # fail before any work, not on every file
+    return blend
+
+
+def import_cv2() -> Any:
+    """OpenCV, imported on first use; InputError (one line) when it is not installed."""
+    try:
+        import cv2  # heavy import (a large native library): only when blending or evaluating
+    except ImportError:
+        raise InputError(OPENCV_MISSING) from None
+    return cv2
+
+
+def blend_output(image: np.ndarray, filled: np.ndarray, mask: np.ndarray, blend: str) -> np.ndarray:
+    """``filled`` post-processed by ``blend`` (one of BLEND_MODES): float H x W x 3."""
+    if check_blend(blend) == "none":
+        return filled
+    return poisson_blend(image, filled, mask)
+
+
+def poisson_blend(image: np.ndarray, filled: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """GLCIC's post-processing of one image: float H x W x 3 RGB in [0, 1].
+
+    ``image``: the input (its hole pixels are ignored); ``filled``: the network's
+    output, same shape; ``mask``: H x W, 1 (or > 127 for 8-bit) = hole.
+
+    Each connected hole (8-connected, after a 3 x 3 dilation, so holes two pixels
+    apart are one) is blended on its own, inside its bounding box plus
+    BLEND_MARGIN: the hole is filled with cv2.inpaint (Telea), then the network's
+    output is cloned onto it with cv2.seamlessClone (NORMAL_CLONE) through the
+    dilated hole, so the solve's boundary lies on known pixels. One solve per hole
+    keeps each solve local: a single mask would solve over the box spanning all
+    holes. Where the region meets the image border it is reflect-padded, blended
+    and cropped back (seamlessClone cannot take a mask that touches the border).
+    OpenCV works in 8 bits, so the blend's correction (blended - output) is
+    added to the float output, which keeps 16-bit holes smooth.
+
+    Returns ``image`` outside the hole, unchanged, and the blended fill inside.
+    With (almost) no known pixels (< BLEND_MIN_KNOWN_FRACTION) there is nothing
+    to blend onto: the hole gets the network's output, and a warning is logged once.
+    """
+    if image.shape != filled.shape or image.ndim != 3 or image.shape[2] != 3 or image.shape[:2] != mask.shape[:2]:
+        raise InputError(
+            f"blend needs H x W x 3 image and output and an H x W mask, got {image.shape}, {filled.shape}, {mask.shape}"
+        )
+    hole = mask_to_array(mask) > 0.5
+    result = np.array(image, dtype=np.float32, copy=True)
+    if not hole.any():
+        return result
+    if 1.0 - hole.mean() < BLEND_MIN_KNOWN_FRACTION:
+        _log_once(
+            f"blend: the hole covers more than {1 - BLEND_MIN_KNOWN_FRACTION:.0%} of the image, so there is "
+            "nothing to blend onto; such holes get the network's output unblended"
+        )
+        result[hole] = filled[hole]
+        return result
+    cv2 = import_cv2()
+    height, width = hole.shape
+    hole_u8 = hole.astype(np.uint8)
+    side = 2 * BLEND_DILATION + 1
+    dilated = cv2.dilate(hole_u8, np.ones((side, side), np.uint8))
+    count, labels, stats, _ = cv2.connectedComponentsWithStats(dilated, connectivity=8)
+    m = BLEND_MARGIN
+    for label in range(1, count):
+        x, y, w, h = (int(v) for v in stats[label, :4])
+        top, left, bottom, right = max(0, y - m), max(0, x - m), min(height, y + h + m), min(width, x + w + m)
+        rows, cols = slice(top, bottom), slice(left, right)
+        # Pad only where the region was clipped by the border: every region is then
+        # (h + 2m) x (w + 2m) and the hole sits m pixels inside it.
+        pad = (m - (y - top), m - (bottom - y - h), m - (x - left), m - (right - x - w))
+
+        def padded(array: np.ndarray) -> np.ndarray:
+            return cv2.copyMakeBorder(array, *pad, cv2.BORDER_REFLECT)
+
+        source = filled[rows, cols].astype(np.float32)
+        source_u8 = padded(to_uint8(source))
+        # All holes of the region are filled, not only this one: another hole's pixels
+        # carry no image, and the fill is the solve's boundary and guidance there.
+        base = cv2.inpaint(
+            padded(to_uint8(image[rows, cols])), padded(hole_u8[rows, cols]) * 255, BLEND_TELEA_RADIUS,
+            cv2.INPAINT_TELEA,
+        )
+        own = labels[rows, cols] == label
+        clone = padded(own.astype(np.uint8)) * 255
+        # seamlessClone ignores the mask's outer ring; without it here too, the centre below
+        # would not put the clone back where it came from.
+        clone[0, :] = clone[-1, :] = clone[:, 0] = clone[:, -1] = 0
+        bx, by, bw, bh = cv2.boundingRect(clone)
+        # seamlessClone places the source's box at (cx - bw // 2, cy - bh // 2): this centre,
+        # ((xmin + xmax + 1) // 2, (ymin + ymax + 1) // 2), maps it onto itself (no shift).
+        centre = (bx + bw // 2, by + bh // 2)
+        blended = cv2.seamlessClone(source_u8, base, clone, centre, cv2.NORMAL_CLONE)
+        crop = (slice(pad[0], pad[0] + bottom - top), slice(pad[2], pad[2] + right - left))
+        correction = (blended[crop].astype(np.float32) - source_u8[crop].astype(np.float32)) / 255.0
+        region = result[rows, cols]
+        own &= hole[rows, cols]
+        region[own] = np.clip(source + correction, 0.0, 1.0)[own]
+    return result

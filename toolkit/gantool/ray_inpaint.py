@@ -38,6 +38,7 @@ from gantool.artifacts import resolve_model
 from gantool.constants import (
     BACKEND_CHOICES,
     DEFAULT_BACKEND,
+    DEFAULT_BLEND,
     DEFAULT_INPAINT_BATCH,
     DEFAULT_PRECISION,
     DEFAULT_PROVIDER,
@@ -67,7 +68,7 @@ from gantool.pipeline import (
     write_output,
     written,
 )
-from gantool.processing import IMAGE_EXTENSIONS
+from gantool.processing import check_blend, IMAGE_EXTENSIONS
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +211,7 @@ class InpaintWorker:
         crop_margin: int | None,
         overwrite: bool,
         run_id: str,
+        blend: str = DEFAULT_BLEND,
         die_on: str | None = None,
     ) -> None:
         import ray  # the optional extra; this runs in a Ray actor
@@ -219,7 +221,7 @@ class InpaintWorker:
         self.backend = load_backend(model, provider, backend_name, precision)
         self.masks = MaskSource(mask, [tuple(b) for b in boxes])  # type: ignore[misc]
         self.mask_files = {p.resolve() for p in self.masks.protected_files()}
-        self.strategy, self.batch_size, self.crop_margin = strategy, batch_size, crop_margin
+        self.strategy, self.batch_size, self.crop_margin, self.blend = strategy, batch_size, crop_margin, blend
         self.overwrite = overwrite
         self.die_on = die_on
         # Tries per chunk, kept where a restarted actor on this node finds them.
@@ -295,7 +297,12 @@ class InpaintWorker:
             spent[job] = time.perf_counter() - start
         start = time.perf_counter()
         outputs = inpaint_loaded(
-            self.backend, [(image, mask) for _, image, mask in loaded], self.strategy, self.batch_size, self.crop_margin
+            self.backend,
+            [(image, mask) for _, image, mask in loaded],
+            self.strategy,
+            self.batch_size,
+            self.crop_margin,
+            self.blend,
         )
         share = (time.perf_counter() - start) / max(len(loaded), 1)
         for (job, _, _), output in zip(loaded, outputs):
@@ -379,6 +386,7 @@ def ray_inpaint(
     strategy: str = DEFAULT_STRATEGY,
     batch_size: int = DEFAULT_INPAINT_BATCH,
     crop_margin: int | None = None,
+    blend: str = DEFAULT_BLEND,
     overwrite: bool = False,
     address: str | None = None,
     actors: int | None = None,
@@ -395,6 +403,7 @@ def ray_inpaint(
     and GPUs and shuts it down at the end.
     """
     _check_choices(provider, backend_name, precision, strategy)
+    check_blend(blend)  # an unknown mode, or no OpenCV, fails before Ray starts
     if batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, got {batch_size}")
     masks = MaskSource(mask, boxes)
@@ -469,7 +478,7 @@ def ray_inpaint(
                 record(result, None, None, None)
             done: set[str] = set()
             rows = _execute(ray, chunks, model_path, provider, backend_name, precision, masks, boxes, strategy,
-                            batch_size, crop_margin, overwrite, n_actors, n_gpus)  # fmt: skip
+                            batch_size, crop_margin, blend, overwrite, n_actors, n_gpus)  # fmt: skip
             try:
                 for row in rows if todo else ():
                     if not summary.startup_seconds:
@@ -514,6 +523,7 @@ def _execute(
     strategy: str,
     batch_size: int,
     crop_margin: int | None,
+    blend: str,
     overwrite: bool,
     actors: int,
     gpus_per_actor: float,
@@ -545,6 +555,7 @@ def _execute(
                     "strategy": strategy,
                     "batch_size": batch_size,
                     "crop_margin": crop_margin,
+                    "blend": blend,
                     "overwrite": overwrite,
                     "run_id": uuid.uuid4().hex,
                     "die_on": os.environ.get(DIE_ON_ENV) or None,

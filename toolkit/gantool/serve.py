@@ -46,6 +46,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from gantool import __version__
 from gantool.constants import (
+    BLEND_MODES,
     DEFAULT_SERVE_BATCH_WAIT_MS,
     DEFAULT_SERVE_MAX_BATCH,
     DEFAULT_SERVE_MAX_PIXELS,
@@ -145,6 +146,7 @@ class _Job:
     image: Image.Image
     mask: np.ndarray
     strategy: str
+    blend: str
     future: Future[Image.Image]
 
 
@@ -194,9 +196,9 @@ class Batcher:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
-    def submit(self, image: Image.Image, mask: np.ndarray, strategy: str) -> Future[Image.Image]:
+    def submit(self, image: Image.Image, mask: np.ndarray, strategy: str, blend: str) -> Future[Image.Image]:
         """Queue one image; raises :class:`QueueFullError` when ``max_queue`` jobs wait."""
-        job = _Job(image, mask, strategy, Future())
+        job = _Job(image, mask, strategy, blend, Future())
         with self._lock:
             if self._queued >= self.max_queue:
                 raise QueueFullError(f"the server is busy ({self._queued} images queued); retry shortly")
@@ -258,10 +260,10 @@ class Batcher:
     def _run(self, batch: Sequence[_Job]) -> None:
         # A cancelled future is a request whose client went away: skip its work.
         live = [job for job in batch if job.future.set_running_or_notify_cancel()]
-        by_strategy: dict[str, list[_Job]] = {}
+        by_options: dict[tuple[str, str], list[_Job]] = {}
         for job in live:
-            by_strategy.setdefault(job.strategy, []).append(job)
-        for strategy, jobs in by_strategy.items():
+            by_options.setdefault((job.strategy, job.blend), []).append(job)
+        for (strategy, blend), jobs in by_options.items():
             try:
                 results: list[Image.Image] | None = inpaint_images(
                     self.backend,
@@ -269,6 +271,7 @@ class Batcher:
                     strategy,
                     self.max_batch,
                     self.crop_margin,
+                    blend,
                 )
             except Exception:  # retried one by one below, so one bad job fails alone
                 results = None
@@ -281,6 +284,7 @@ class Batcher:
                             strategy,
                             1,
                             self.crop_margin,
+                            blend,
                         )[0]
                     else:
                         result = results[index]
@@ -528,6 +532,7 @@ def model_info(inpainter: Inpainter, settings: ServeSettings) -> dict[str, Any]:
         "metadata": backend.metadata,
         "strategies": list(STRATEGIES),
         "default_strategy": settings.strategy,
+        "default_blend": inpainter.blend,
         "formats": [f for f in SERVE_OUTPUT_FORMATS if f != "webp" or features.check("webp")],
         "limits": {
             "max_upload_mb": settings.max_upload_mb,
@@ -597,6 +602,9 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
             Form(description="Rectangular holes X,Y,W,H (repeatable)."),
         ] = None,
         strategy: Annotated[str, Form(description="auto, full, crop or resize.")] = settings.strategy,
+        blend: Annotated[
+            str, Form(description="poisson (GLCIC's post-processing) or none.")
+        ] = inpainter.blend,
         output_format: Annotated[str, Form(alias="format", description="png, or webp (lossless).")] = "png",
     ) -> Response:
         """The image with its holes filled: the input's size and orientation, known
@@ -604,6 +612,8 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
         boxes (combined), else from the image's transparent pixels."""
         if strategy not in STRATEGIES:
             raise choice_error("strategy", strategy, STRATEGIES)
+        if blend not in BLEND_MODES:
+            raise choice_error("blend", blend, BLEND_MODES)
         if output_format not in info["formats"]:
             raise choice_error("format", output_format, tuple(info["formats"]))
         decoded, holes = await run_in_threadpool(
@@ -613,7 +623,7 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
             boxes or [],
             settings.max_pixels,
         )
-        result = await asyncio.wrap_future(batcher.submit(decoded, holes, strategy))
+        result = await asyncio.wrap_future(batcher.submit(decoded, holes, strategy, blend))
         body = await run_in_threadpool(encode_image, result, output_format)
         return Response(body, media_type=MEDIA_TYPES[output_format])
 

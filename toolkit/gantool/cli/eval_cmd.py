@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from gantool.constants import BACKEND_CHOICES, DEFAULT_BACKEND, DEFAULT_PROVIDER, MASK_KINDS, PROVIDERS
+from gantool.cli.options import backend_option, provider_option
+from gantool.constants import BLEND_MODES, DEFAULT_BLEND, MASK_KINDS
 
 HELP_EPILOG = """\b
 Examples:
@@ -32,19 +33,24 @@ Examples:
 @click.option("--masks-per-image", type=click.IntRange(min=1), default=1, show_default=True,
               help="Score each image with this many different holes.")
 @click.option("--grid", type=click.Path(dir_okay=False, path_type=Path), default=Path("eval_grid.png"),
-              show_default=True, help="Comparison grid PNG: masked | Telea | Navier-Stokes | gantool | truth.")
+              show_default=True,
+              help="Comparison grid PNG: masked | Telea | Navier-Stokes | gantool | gantool + blend | truth.")
 @click.option("--no-grid", is_flag=True, help="Do not write the grid.")
-@click.option("--provider", type=click.Choice(PROVIDERS), default=DEFAULT_PROVIDER, show_default=True)
-@click.option("--backend", type=click.Choice(BACKEND_CHOICES), default=DEFAULT_BACKEND, show_default=True)
+@click.option("--blend", type=click.Choice(BLEND_MODES), default=DEFAULT_BLEND, show_default=True,
+              help="Also score the model's output after this post-processing, as a row beside the raw output "
+              "(none: the raw output only).")
+@provider_option
+@backend_option
 @click.option("--overwrite", is_flag=True, help="Replace an existing grid file.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (means and per-image values).")
 def eval_(model: str | None, data: Path, grid: Path, no_grid: bool, as_json: bool, **options) -> None:
-    """Compare MODEL with mean-pixel fill and OpenCV's Telea and Navier-Stokes
+    """Compare MODEL (raw and blended) with mean-pixel fill and OpenCV's Telea and Navier-Stokes
     inpainting: PSNR, SSIM and L1 in the hole and over the whole image.
 
     MODEL is a .onnx / .pt / .safetensors file or an export folder; without it
-    the model shipped with gantool is used. The classical methods need OpenCV
-    (pip install "gantool[eval]").
+    the model shipped with gantool is used. "gantool (raw output)" is the
+    network alone; "gantool + Poisson blend" is what `gantool inpaint` writes
+    by default (GLCIC's post-processing).
     """
     from gantool.evaluate import evaluate
 
@@ -53,8 +59,9 @@ def eval_(model: str | None, data: Path, grid: Path, no_grid: bool, as_json: boo
         click.echo(json.dumps(result.to_dict(), indent=2))
         return
     s = result.settings
-    click.echo(f"{s['count']} image(s) x {s['masks_per_image']} hole(s) from {s['data']}, {s['masks']} holes in a {s['local_size']} px window, "
-               f"{s['size']} px, seed {s['seed']}; gantool = {s['model_file']} ({s['backend']} on {s['provider']})")
+    click.echo(f"{s['count']} image(s) x {s['masks_per_image']} hole(s) from {s['data']}, {s['masks']} holes in a "
+               f"{s['local_size']} px window, {s['size']} px, seed {s['seed']}, blend {s['blend']}; "
+               f"gantool = {s['model_file']} ({s['backend']} on {s['provider']})")
     click.echo(result.markdown())
     if result.grid is not None:
         click.echo(f"grid: {result.grid}")

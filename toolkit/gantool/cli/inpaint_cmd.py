@@ -8,22 +8,9 @@ from typing import Any
 
 import click
 
-from gantool.constants import (
-    AUTO_CROP_FACTOR,
-    BACKEND_CHOICES,
-    DEFAULT_BACKEND,
-    DEFAULT_INPAINT_BATCH,
-    DEFAULT_PRECISION,
-    DEFAULT_PROVIDER,
-    DEFAULT_STRATEGY,
-    PRECISIONS,
-    PROVIDERS,
-    RAY_MANIFEST_NAME,
-    STRATEGIES,
-)
+from gantool.cli.options import backend_option, blend_option, precision_option, provider_option, strategy_option
+from gantool.constants import DEFAULT_INPAINT_BATCH, RAY_MANIFEST_NAME
 from gantool.errors import InputError
-
-STRATEGY_HELP = f"auto: crop when max(H, W) > {AUTO_CROP_FACTOR} x the model's train size, else full."
 
 
 def _parse_boxes(
@@ -48,18 +35,15 @@ def _parse_boxes(
               "Default: the model in models/.")
 @click.option("-o", "--output", metavar="FILE|DIR",
               help="Output folder (default: beside each input), or a .png file for a single image.")
-@click.option("--provider", type=click.Choice(PROVIDERS), default=DEFAULT_PROVIDER,
-              show_default=True, help="Where to run; cuda/tensorrt fail instead of falling back to the CPU.")
-@click.option("--backend", type=click.Choice(BACKEND_CHOICES), default=DEFAULT_BACKEND,
-              show_default=True, help="auto: from the model file (onnx for an export folder).")
+@provider_option
+@backend_option
 @click.option("--batch-size", type=click.IntRange(min=1), default=DEFAULT_INPAINT_BATCH, show_default=True,
               help="Same-size images run together, up to this many.")
-@click.option("--strategy", type=click.Choice(STRATEGIES), default=DEFAULT_STRATEGY,
-              show_default=True, help=STRATEGY_HELP)
+@strategy_option
 @click.option("--crop-margin", type=click.IntRange(min=0), default=None,
               help="Context in pixels around each hole for --strategy crop (default: train size / 4).")
-@click.option("--precision", type=click.Choice(PRECISIONS), default=DEFAULT_PRECISION, show_default=True,
-              help="auto: the exported fp16 ONNX model on the GPU when there is one.")
+@blend_option
+@precision_option
 @click.option("--overwrite", is_flag=True, help="Replace existing outputs (inputs are never replaced).")
 @click.option("--ray", "use_ray", is_flag=True,
               help='Run on a Ray cluster (Ray Data actor pool); needs pip install "gantool[ray]". '
@@ -84,6 +68,7 @@ def inpaint(
     batch_size: int,
     strategy: str,
     crop_margin: int | None,
+    blend: str,
     precision: str,
     overwrite: bool,
     use_ray: bool,
@@ -112,7 +97,7 @@ def inpaint(
     else:
         _inpaint_on_ray(images, mask=mask, boxes=boxes, model=model, output=output, provider=provider,
                         backend_name=backend, batch_size=batch_size, strategy=strategy, crop_margin=crop_margin,
-                        precision=precision, overwrite=overwrite, address=ray_address, actors=actors,
+                        precision=precision, blend=blend, overwrite=overwrite, address=ray_address, actors=actors,
                         gpus_per_actor=gpus_per_actor, manifest=manifest)  # fmt: skip
         return
     from tqdm import tqdm
@@ -124,7 +109,8 @@ def inpaint(
 
         def on_start(runner: Backend, jobs: Sequence[ImageJob]) -> None:
             click.echo(
-                f"provider: {runner.provider} ({runner.provider_note}); backend: {runner.name}; model: {runner.path}"
+                f"provider: {runner.provider} ({runner.provider_note}); backend: {runner.name} ({runner.precision}); "
+                f"blend: {blend}; model: {runner.path}"
             )
             bar.reset(total=len(jobs))
 
@@ -138,7 +124,7 @@ def inpaint(
         summary = run_inpaint(
             images, model=model, provider=provider, backend_name=backend, precision=precision, mask=mask,
             boxes=boxes, output=output, strategy=strategy, batch_size=batch_size, crop_margin=crop_margin,
-            overwrite=overwrite, on_start=on_start, on_result=on_result,
+            blend=blend, overwrite=overwrite, on_start=on_start, on_result=on_result,
         )  # fmt: skip
     if len(summary.results) == 1 and summary.results[0].inpainted:
         click.echo(f"wrote {summary.results[0].output}")

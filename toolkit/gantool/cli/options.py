@@ -7,6 +7,20 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from gantool.constants import (
+    AUTO_CROP_FACTOR,
+    BACKEND_CHOICES,
+    BLEND_MODES,
+    DEFAULT_BACKEND,
+    DEFAULT_BLEND,
+    DEFAULT_PRECISION,
+    DEFAULT_PROVIDER,
+    DEFAULT_STRATEGY,
+    PRECISIONS,
+    PROVIDERS,
+    STRATEGIES,
+)
+
 
 def explicit_options(ctx: click.Context, values: dict[str, Any]) -> dict[str, Any]:
     """Only the options the user gave (so a config file or checkpoint fills the rest)."""
@@ -16,3 +30,42 @@ def explicit_options(ctx: click.Context, values: dict[str, Any]) -> dict[str, An
         if source not in (None, ParameterSource.DEFAULT) and value is not None:
             chosen[name] = value
     return chosen
+
+
+# ----------------------------------------------------------------------------- the shared option schema
+# One definition per inference option, used by `inpaint`, `serve`, `eval` and `bench`: the choices and
+# defaults come from gantool.constants, so the CLI, the Python API and the service agree.
+
+STRATEGY_HELP = f"auto: crop when max(H, W) > {AUTO_CROP_FACTOR} x the model's train size, else full."
+BLEND_HELP = (
+    "Post-processing of the model's output: poisson = GLCIC's fast-marching fill of the hole, then "
+    "Poisson blending of the output onto it (OpenCV); none = the raw output."
+)
+
+provider_option = click.option(
+    "--provider",
+    type=click.Choice(PROVIDERS),
+    default=DEFAULT_PROVIDER,
+    show_default=True,
+    help="Where to run; cuda/tensorrt fail instead of falling back to the CPU.",
+)
+backend_option = click.option(
+    "--backend",
+    type=click.Choice(BACKEND_CHOICES),
+    default=DEFAULT_BACKEND,
+    show_default=True,
+    help="auto: from the model file (onnx for an export folder).",
+)
+precision_option = click.option(
+    "--precision",
+    type=click.Choice(PRECISIONS),
+    default=DEFAULT_PRECISION,
+    show_default=True,
+    help="auto: the exported fp16 ONNX model on the GPU when there is one.",
+)
+strategy_option = click.option(
+    "--strategy", type=click.Choice(STRATEGIES), default=DEFAULT_STRATEGY, show_default=True, help=STRATEGY_HELP
+)
+blend_option = click.option(
+    "--blend", type=click.Choice(BLEND_MODES), default=DEFAULT_BLEND, show_default=True, help=BLEND_HELP
+)

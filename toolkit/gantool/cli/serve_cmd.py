@@ -6,11 +6,8 @@ import importlib.util
 
 import click
 
+from gantool.cli.options import backend_option, blend_option, precision_option, provider_option, strategy_option
 from gantool.constants import (
-    BACKEND_CHOICES,
-    DEFAULT_BACKEND,
-    DEFAULT_PRECISION,
-    DEFAULT_PROVIDER,
     DEFAULT_SERVE_BATCH_WAIT_MS,
     DEFAULT_SERVE_HOST,
     DEFAULT_SERVE_MAX_BATCH,
@@ -18,10 +15,6 @@ from gantool.constants import (
     DEFAULT_SERVE_MAX_QUEUE,
     DEFAULT_SERVE_MAX_UPLOAD_MB,
     DEFAULT_SERVE_PORT,
-    DEFAULT_STRATEGY,
-    PRECISIONS,
-    PROVIDERS,
-    STRATEGIES,
 )
 
 # Modules of the serve extra; any one name of a tuple will do (python-multipart
@@ -54,34 +47,11 @@ def missing_serve_packages() -> list[str]:
     show_default=True,
     help="0 picks a free port (printed).",
 )
-@click.option(
-    "--provider",
-    type=click.Choice(PROVIDERS),
-    default=DEFAULT_PROVIDER,
-    show_default=True,
-    help="Where to run; cuda/tensorrt fail instead of falling back to the CPU.",
-)
-@click.option(
-    "--backend",
-    type=click.Choice(BACKEND_CHOICES),
-    default=DEFAULT_BACKEND,
-    show_default=True,
-    help="auto: from the model file (onnx for an export folder).",
-)
-@click.option(
-    "--precision",
-    type=click.Choice(PRECISIONS),
-    default=DEFAULT_PRECISION,
-    show_default=True,
-    help="auto: the exported fp16 ONNX model on the GPU when there is one.",
-)
-@click.option(
-    "--strategy",
-    type=click.Choice(STRATEGIES),
-    default=DEFAULT_STRATEGY,
-    show_default=True,
-    help="Default strategy when a request gives none.",
-)
+@provider_option
+@backend_option
+@precision_option
+@strategy_option
+@blend_option
 @click.option(
     "--max-batch",
     type=click.IntRange(min=1),
@@ -138,6 +108,7 @@ def serve(
     backend: str,
     precision: str,
     strategy: str,
+    blend: str,
     max_batch: int,
     batch_wait_ms: float,
     max_queue: int,
@@ -182,6 +153,7 @@ def serve(
         precision=precision,
         strategy=strategy,
         batch_size=max_batch,
+        blend=blend,
     )
     runner = inpainter.backend
     sock = bind_socket(host, port)
