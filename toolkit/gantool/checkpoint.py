@@ -19,7 +19,7 @@ import torch
 
 from gantool import __version__
 from gantool.config import ModelConfig
-from gantool.errors import CheckpointError
+from gantool.errors import CheckpointError, first_line
 from gantool.fileio import atomic_save
 from gantool.networks import CompletionNetwork, ContextDiscriminator
 
@@ -32,7 +32,18 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     """Write ``state`` (plus format tags) to ``path`` atomically."""
     payload = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "gantool_version": __version__}
     payload.update(state)
-    return atomic_save(path, lambda tmp: torch.save(payload, tmp))
+
+    def write(tmp: Path) -> None:
+        # Through a Python file so a full disk raises OSError(ENOSPC) (atomic_save
+        # turns it into one line); torch's own file writer reports it as an
+        # unreadable RuntimeError ("unexpected pos ...").
+        with tmp.open("wb") as f:
+            torch.save(payload, f)
+
+    try:
+        return atomic_save(path, write)
+    except RuntimeError as e:
+        raise CheckpointError(f"cannot write checkpoint {path}: {first_line(e)}") from None
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -45,10 +56,12 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # torch.load raises many types on foreign bytes (even KeyError)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{path} is not a readable gantool checkpoint ({first[:160]})") from None
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{path} is not a gantool checkpoint")
+        raise CheckpointError(f"{path} is not a readable gantool checkpoint ({first_line(e)})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} is not a gantool checkpoint (it holds a {type(state).__name__}, not a dict)")
+    if state.get("format") != CHECKPOINT_FORMAT:
+        found = f"format {state['format']!r}" if "format" in state else f"keys: {', '.join(map(str, list(state)[:5]))}"
+        raise CheckpointError(f"{path} is not a gantool checkpoint ({found})")
     missing = [k for k in REQUIRED_KEYS if k not in state]
     if missing:
         raise CheckpointError(f"{path} is an incomplete gantool checkpoint (missing {', '.join(missing)})")
@@ -69,7 +82,7 @@ def generator_from_checkpoint(state: dict[str, Any]) -> CompletionNetwork:
     try:
         generator.load_state_dict(state["generator"])
     except RuntimeError as e:
-        raise CheckpointError(f"checkpoint weights do not match its model config: {str(e)[:200]}") from None
+        raise CheckpointError(f"checkpoint weights do not match its model config: {first_line(e)}") from None
     return generator.eval()
 
 
@@ -115,12 +128,12 @@ def load_generator_weights(path: str | Path) -> tuple[CompletionNetwork, dict[st
     except (KeyError, json.JSONDecodeError):
         raise CheckpointError(f"{path} has no gantool model config in its metadata") from None
     except Exception as e:  # safetensors raises its own error types for corrupt headers
-        raise CheckpointError(f"{path} is not a readable safetensors file ({str(e)[:160]})") from None
+        raise CheckpointError(f"{path} is not a readable safetensors file ({first_line(e)})") from None
     generator = CompletionNetwork(config)
     try:
         generator.load_state_dict(tensors)
     except RuntimeError as e:
-        raise CheckpointError(f"{path}: weights do not match the model config ({str(e)[:160]})") from None
+        raise CheckpointError(f"{path}: weights do not match the model config ({first_line(e)})") from None
     return generator.eval(), meta
 
 

@@ -28,7 +28,8 @@ from PIL import Image
 
 from gantool.errors import InputError
 from gantool.fileio import atomic_save, ensure_writable_dir
-from gantool.masks import MASK_KINDS, generate_mask
+from gantool.constants import MASK_KINDS
+from gantool.masks import generate_mask
 from gantool.processing import image_to_array, read_image, resize_array, to_uint8
 
 log = logging.getLogger(__name__)
