@@ -56,7 +56,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # torch.load raises many types on foreign bytes (even KeyError)
-        raise CheckpointError(f"{path} is not a readable gantool checkpoint ({first_line(e)})") from None
+        raise CheckpointError(f"{path} is not a readable gantool checkpoint ({load_error_cause(e)})") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} is not a gantool checkpoint (it holds a {type(state).__name__}, not a dict)")
     if state.get("format") != CHECKPOINT_FORMAT:
@@ -70,6 +70,20 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             f"{path} was written by a newer gantool (format {state['version']}); upgrade gantool"
         )
     return state
+
+
+def load_error_cause(error: BaseException) -> str:
+    """The reason in a torch.load error, in one line.
+
+    A weights-only refusal starts with several lines of advice; the cause
+    (which global was refused) is on the "WeightsUnpickler error:" line.
+    """
+    marker = "WeightsUnpickler error:"
+    for line in str(error).splitlines():
+        if marker in line:
+            reason = line.split(marker, 1)[1].split(". Please", 1)[0].strip()
+            return f"a weights-only load refuses it: {first_line(Exception(reason))}"
+    return first_line(error)
 
 
 def model_config_of(state: dict[str, Any]) -> ModelConfig:
