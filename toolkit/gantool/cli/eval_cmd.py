@@ -7,6 +7,9 @@ from pathlib import Path
 
 import click
 
+from gantool.constants import MASK_KINDS
+from gantool.evaluate import DEFAULT_GRID_NAME
+
 HELP_EPILOG = """\b
 Examples:
   gantool eval --data heldout/                      # the shipped model, box holes, 256 px
@@ -19,7 +22,7 @@ Examples:
 @click.argument("model", required=False, metavar="[MODEL]")
 @click.option("--data", required=True, type=click.Path(path_type=Path),
               help="Folder of ground-truth images (searched recursively).")
-@click.option("--masks", type=click.Choice(["box", "free", "mixed"]), default="box", show_default=True,
+@click.option("--masks", type=click.Choice(MASK_KINDS), default="box", show_default=True,
               help="Hole shapes (seeded: the same holes every run).")
 @click.option("--size", type=click.IntRange(min=16), default=256, show_default=True,
               help="Images are centre-cropped to squares of this size.")
@@ -29,12 +32,13 @@ Examples:
 @click.option("--count", type=click.IntRange(min=1), default=None, help="Use only the first N images.")
 @click.option("--masks-per-image", type=click.IntRange(min=1), default=1, show_default=True,
               help="Score each image with this many different holes.")
-@click.option("--grid", type=click.Path(dir_okay=False, path_type=Path), default=Path("eval_grid.png"),
-              show_default=True, help="Comparison grid PNG: masked | Telea | Navier-Stokes | gantool | truth.")
+@click.option("--grid", type=click.Path(dir_okay=False, path_type=Path), default=Path(DEFAULT_GRID_NAME),
+              show_default=True, help="Comparison grid PNG: masked | Telea | Navier-Stokes | gantool | truth "
+              "(never inside --data; eval's own grids found there are not scored).")
 @click.option("--no-grid", is_flag=True, help="Do not write the grid.")
 @click.option("--provider", type=click.Choice(["auto", "cuda", "tensorrt", "cpu"]), default="auto", show_default=True)
 @click.option("--backend", type=click.Choice(["auto", "onnx", "torchscript", "eager"]), default="auto", show_default=True)
-@click.option("--overwrite", is_flag=True, help="Replace an existing grid file.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing grid file (never an input image).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (means and per-image values).")
 def eval_(model: str | None, data: Path, grid: Path, no_grid: bool, as_json: bool, **options) -> None:
     """Compare MODEL with mean-pixel fill and OpenCV's Telea and Navier-Stokes
