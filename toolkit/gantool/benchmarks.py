@@ -23,7 +23,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gantool.config import TrainConfig
+from gantool.config import BENCH_TRAIN_BATCH, TrainConfig
+from gantool.errors import InputError
 from gantool.networks import CompletionNetwork, ContextDiscriminator, crop_local
 from gantool.train import (
     DiscriminatorPair,
@@ -33,6 +34,8 @@ from gantool.train import (
     build_optimizers,
     resolve_device,
     train_step,
+    use_amp,
+    use_channels_last,
 )
 
 
@@ -102,11 +105,14 @@ def reference_step_fn(cfg: TrainConfig, device: torch.device) -> Callable[[], No
     return step
 
 
+_DEFAULTS = TrainConfig()
+
+
 def bench_train(
-    size: int = 160,
-    local_size: int = 96,
-    batch_size: int = 8,
-    width: int = 64,
+    size: int = _DEFAULTS.size,
+    local_size: int = _DEFAULTS.local_size,
+    batch_size: int = BENCH_TRAIN_BATCH,
+    width: int = _DEFAULTS.width,
     steps: int = 5,
     warmup: int = 2,
     device: str = "auto",
@@ -115,11 +121,18 @@ def bench_train(
     reference: bool = True,
 ) -> dict[str, Any]:
     """Median seconds per joint iteration and images/s, for gantool and (optionally)
-    the reference loop, with their ratio."""
+    the reference loop, with their ratio.
+
+    ``amp`` and ``channels_last`` default as in ``gantool train`` (on for CUDA,
+    off on the CPU), so the default benchmark times the default training setup.
+    """
+    for name, value, low in (("steps", steps, 1), ("warmup", warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 10**6:
+            raise InputError(f"--{name} must be an integer in {low}..1000000, got {value!r}")
+    cfg = TrainConfig(size=size, local_size=local_size, batch_size=batch_size, width=width, amp=amp, device=device,
+                      channels_last=channels_last).validate()
     dev = resolve_device(device)
-    amp = amp_supported(dev) if amp is None else amp
-    channels_last = True if channels_last is None else channels_last
-    cfg = TrainConfig(size=size, local_size=local_size, batch_size=batch_size, width=width).validate()
+    amp, channels_last = use_amp(cfg, dev), use_channels_last(cfg, dev)
     rows = []
     runs = [("gantool", gantool_step_fn(cfg, dev, amp, channels_last), {"amp_bf16": amp, "channels_last": channels_last})]
     if reference:

@@ -282,6 +282,10 @@ def check_value(key: str, value: Any) -> Any:
         raise bad()
     return numbers
 
+# `gantool bench train`'s batch: smaller than TrainConfig's so a full-width step stays seconds on a CPU.
+BENCH_TRAIN_BATCH = 8
+
+
 def read_toml(path: str | Path) -> dict[str, Any]:
     """The options in a TOML file: a flat file, or one with a ``[train]`` table."""
     path = Path(path)
