@@ -29,7 +29,6 @@ from gantool.networks import CompletionNetwork, ContextDiscriminator, crop_local
 from gantool.train import (
     DiscriminatorPair,
     Networks,
-    amp_supported,
     autocast_for,
     build_optimizers,
     resolve_device,

@@ -42,7 +42,7 @@ class ModelConfig:
     def stride(self) -> int:
         return NETWORK_STRIDE
 
-    def validate(self) -> "ModelConfig":
+    def validate(self) -> ModelConfig:
         if self.width < 2 or self.disc_width < 1 or self.disc_fc < 1:
             raise InputError("width, disc_width and disc_fc must be positive (width >= 2)")
         if self.size % NETWORK_STRIDE:
@@ -63,7 +63,7 @@ class ModelConfig:
         return d
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in known}
         if "fill" in kwargs:
@@ -122,7 +122,7 @@ class TrainConfig:
             fill=tuple(fill or self.fill or (0.5, 0.5, 0.5)),
         ).validate()
 
-    def validate(self) -> "TrainConfig":
+    def validate(self) -> TrainConfig:
         """Check every field's type and range (one-line InputError naming the key)."""
         for f in fields(self):
             check_value(f.name, getattr(self, f.name))
@@ -152,11 +152,11 @@ class TrainConfig:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items() if v is not None}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         """A config from TOML-like values; unknown keys and wrong types are one-line errors."""
         return cls(**check_options(data))
 
-    def replace(self, **changes: Any) -> "TrainConfig":
+    def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
 
 
@@ -277,7 +277,7 @@ def check_value(key: str, value: Any) -> Any:
     if not isinstance(value, (list, tuple)) or len(value) != count or not all(_is_number(v) for v in value):
         raise bad()
     numbers = tuple(float(v) for v in value)
-    upper_ok = (lambda v: v < high) if base == "pair" else (lambda v: v <= high)  # noqa: E731
+    upper_ok = (lambda v: v < high) if base == "pair" else (lambda v: v <= high)
     if not all(math.isfinite(v) and v >= low and upper_ok(v) for v in numbers):  # type: ignore[operator]
         raise bad()
     return numbers

@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from gantool.constants import MASK_KINDS
 from gantool.errors import InputError
 from gantool.fileio import atomic_save, ensure_writable_dir
-from gantool.constants import MASK_KINDS
 from gantool.masks import generate_mask
 from gantool.processing import image_to_array, read_image, resize_array, to_uint8
 
