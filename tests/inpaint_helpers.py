@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gantool.runtime import cuda_device_visible
+from gantool.providers import cuda_device_visible
 
 NO_GPU_ONLY = pytest.mark.skipif(cuda_device_visible(), reason="assumes a machine without a GPU")
 GPU_ONLY = pytest.mark.skipif(not cuda_device_visible(), reason="needs an NVIDIA GPU")

@@ -20,8 +20,9 @@ from PIL import Image
 
 from gantool.checkpoint import load_generator_weights, weights_sha256
 from gantool.cli import cli
-from gantool.export import read_model_metadata
-from gantool.runtime import Inpainter, OnnxBackend, default_model_dir, resolve_model
+from gantool.artifacts import default_model_dir, read_model_metadata, resolve_model
+from gantool.inference import Inpainter
+from gantool.runtime import OnnxBackend
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = REPO / "models"
@@ -146,7 +147,7 @@ def test_an_installed_wheel_finds_the_shipped_model(tmp_path: Path):
     assert {"gantool/models/generator.onnx", "gantool/models/generator.safetensors", "gantool/models/README.md"} <= names
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)  # what pip install puts in site-packages
-    probe = ("import gantool.runtime as r; from pathlib import Path; d = r.default_model_dir(); "
+    probe = ("import gantool.artifacts as r; from pathlib import Path; d = r.default_model_dir(); "
              "print(d); print(r.resolve_model(None)[0])")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
                           cwd=tmp_path, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"})

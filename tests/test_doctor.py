@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import gantool.doctor as doctor
 from gantool.cli import cli
-from gantool.runtime import cuda_device_visible
+from gantool.providers import cuda_device_visible
 
 NO_GPU = pytest.mark.skipif(cuda_device_visible(), reason="checks the report of a machine without a GPU")
 GPU = pytest.mark.skipif(not cuda_device_visible(), reason="needs an NVIDIA GPU")

@@ -20,16 +20,15 @@ from conftest import REPO_ROOT, TINY_CONFIG, briefly_trained_generator, write_ch
 from gantool.checkpoint import load_checkpoint, load_generator_weights, weights_sha256
 from gantool.cli import cli
 from gantool.errors import CheckpointError, InputError, ModelError
+from gantool.artifacts import EXPORT_FORMATS, read_model_metadata
 from gantool.export import (
-    FORMATS,
     build_metadata,
     check_options,
     default_output_dir,
+    describe_file,
     export_generator,
     find_latest_checkpoint,
-    read_model_metadata,
 )
-from gantool.modelinfo import describe_file
 from gantool.parity import onnx_session
 from gantool.processing import crop_padding, image_to_array, mask_to_array, pad_to_multiple, read_image, to_batch, to_uint8
 
@@ -264,7 +263,7 @@ def test_check_options_library():
     assert check_options(["onnx", "onnx"], None, True, 1e-4) == ("onnx",)
     with pytest.raises(InputError, match="unknown export format"):
         check_options(["tflite"], None, False, 1e-4)
-    assert set(FORMATS) == {"onnx", "torchscript"}
+    assert set(EXPORT_FORMATS) == {"onnx", "torchscript"}
 
 
 def test_refuses_to_overwrite_without_the_flag(checkpoint_factory, tmp_path):

@@ -20,9 +20,10 @@ from inpaint_helpers import (  # noqa: F401
 )
 from PIL import Image, ImageOps
 
-from gantool import runtime
+from gantool import artifacts
 from gantool.cli import cli
-from gantool.inference import AUTO_CROP_FACTOR, collect_images
+from gantool.constants import AUTO_CROP_FACTOR
+from gantool.pipeline import collect_images
 
 
 def invoke(*args: str | Path) -> Result:
@@ -193,7 +194,7 @@ def test_missing_inputs_and_models(
     assert result.exit_code == 1 and "mask not found" in result.output
     result = invoke(image, "--mask", mask, "--model", tmp_path / "missing.onnx")
     assert result.exit_code == 1 and "model not found" in result.output
-    monkeypatch.setattr(runtime, "DEFAULT_MODEL_DIRS", (tmp_path / "no_models",))
+    monkeypatch.setattr(artifacts, "DEFAULT_MODEL_DIRS", (tmp_path / "no_models",))
     result = invoke(image, "--mask", mask)
     assert result.exit_code == 1
     assert "gantool train" in result.output and "gantool export" in result.output

@@ -17,7 +17,8 @@ from conftest import REPO_ROOT, TINY_CONFIG, briefly_trained_generator, random_g
 from gantool.checkpoint import generator_from_checkpoint, load_checkpoint, load_generator_weights, weights_sha256
 from gantool.config import ModelConfig
 from gantool.errors import ProviderError
-from gantool.export import HalfPrecisionGenerator, export_generator, read_model_metadata
+from gantool.artifacts import read_model_metadata
+from gantool.export import HalfPrecisionGenerator, export_generator
 from gantool.networks import fold_batchnorm
 from gantool.parity import (
     BackendSpec,

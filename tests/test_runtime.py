@@ -13,20 +13,13 @@ from inpaint_helpers import GPU_ONLY, NO_GPU_ONLY, ExportedModel, exported_model
 from onnx import TensorProto, helper
 from PIL import Image
 
-from gantool import runtime
+from gantool import artifacts
 from gantool.errors import InputError, ModelError, ProviderError
-from gantool.export import read_model_metadata
-from gantool.inference import Window, crop_windows, hole_boxes, inpaint_arrays, plan_windows
+from gantool.artifacts import read_model_metadata, resolve_model
+from gantool.inference import Inpainter, Window, crop_windows, hole_boxes, inpaint_arrays, plan_windows
 from gantool.processing import output_mode, paste_holes, resize_mask
-from gantool.runtime import (
-    EagerBackend,
-    Inpainter,
-    OnnxBackend,
-    TorchScriptBackend,
-    failure_cause,
-    load_backend,
-    resolve_model,
-)
+from gantool.providers import failure_cause
+from gantool.runtime import EagerBackend, OnnxBackend, TorchScriptBackend, load_backend
 
 
 def _batch(n: int, height: int, width: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -133,7 +126,7 @@ def test_missing_models_explain_themselves(tmp_path: Path, monkeypatch: pytest.M
         resolve_model(tmp_path / "nope.onnx")
     with pytest.raises(ModelError, match="expected generator.onnx"):
         resolve_model(tmp_path, "onnx")
-    monkeypatch.setattr(runtime, "DEFAULT_MODEL_DIRS", (tmp_path / "models",))
+    monkeypatch.setattr(artifacts, "DEFAULT_MODEL_DIRS", (tmp_path / "models",))
     with pytest.raises(ModelError, match="gantool train.*gantool export.*--model runs/<run>/export"):
         Inpainter()
     (tmp_path / "models").mkdir()
@@ -146,7 +139,7 @@ def test_shipped_model_folder_is_the_default(
 ) -> None:
     shipped = tmp_path / "models"
     shutil.copytree(exported_model.folder, shipped)
-    monkeypatch.setattr(runtime, "DEFAULT_MODEL_DIRS", (tmp_path / "absent", shipped))
+    monkeypatch.setattr(artifacts, "DEFAULT_MODEL_DIRS", (tmp_path / "absent", shipped))
     assert Inpainter(provider="cpu").backend.path == shipped / "generator.onnx"
 
 

@@ -12,7 +12,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Inpainter": "gantool.runtime",
+    "Inpainter": "gantool.inference",
     "ModelConfig": "gantool.config",
     "TrainConfig": "gantool.config",
     "CompletionNetwork": "gantool.networks",

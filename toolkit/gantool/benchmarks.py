@@ -24,8 +24,13 @@ import torch
 import torch.nn.functional as F
 
 from gantool.config import BENCH_TRAIN_BATCH, TrainConfig
-from gantool.errors import InputError
-from gantool.networks import CompletionNetwork, ContextDiscriminator, crop_local
+from gantool.constants import BACKENDS
+from gantool.errors import GantoolError, InputError, ModelError, choice_error, first_line
+from gantool.inference import inpaint_images
+from gantool.networks import CompletionNetwork, ContextDiscriminator, crop_local, fold_batchnorm
+from gantool.pipeline import run_inpaint
+from gantool.providers import cuda_device_visible
+from gantool.runtime import load_backend
 from gantool.train import (
     DiscriminatorPair,
     Networks,
@@ -104,14 +109,11 @@ def reference_step_fn(cfg: TrainConfig, device: torch.device) -> Callable[[], No
     return step
 
 
-_DEFAULTS = TrainConfig()
-
-
 def bench_train(
-    size: int = _DEFAULTS.size,
-    local_size: int = _DEFAULTS.local_size,
+    size: int = TrainConfig.size,
+    local_size: int = TrainConfig.local_size,
     batch_size: int = BENCH_TRAIN_BATCH,
-    width: int = _DEFAULTS.width,
+    width: int = TrainConfig.width,
     steps: int = 5,
     warmup: int = 2,
     device: str = "auto",
@@ -156,7 +158,8 @@ def bench_train(
 
 # ------------------------------------------------------------------------ bench inpaint
 
-INPAINT_BACKENDS = ("eager", "torchscript", "onnx")
+# Slowest first, as the table reads best.
+INPAINT_BACKENDS = BACKENDS[::-1]
 
 
 def _peak_rss_reset() -> bool:
@@ -189,7 +192,7 @@ class _PeakMemory:
     (0 when an earlier run already went higher).
     """
 
-    def __enter__(self) -> "_PeakMemory":
+    def __enter__(self) -> _PeakMemory:
         import resource
 
         self.exact = _peak_rss_reset()
@@ -220,8 +223,6 @@ class _TracedTorchScript:
     name = "torchscript"
 
     def __init__(self, eager: Any) -> None:
-        from gantool.networks import fold_batchnorm
-
         folded = fold_batchnorm(eager.module.cpu()).to(eager.device)
         side = eager.size_multiple * 8
         example = (torch.rand(1, 3, side, side, device=eager.device), torch.zeros(1, 1, side, side, device=eager.device))
@@ -240,9 +241,6 @@ class _TracedTorchScript:
 
 def open_inpaint_backend(model: str | Path | None, backend: str, provider: str) -> tuple[Any, str]:
     """(runner with ``run(image, mask)``, note) for one backend on one provider."""
-    from gantool.errors import ModelError
-    from gantool.runtime import load_backend
-
     try:
         return load_backend(model, provider, backend), ""
     except ModelError:
@@ -255,8 +253,6 @@ def open_inpaint_backend(model: str | Path | None, backend: str, provider: str) 
 def count_generator_flops(config: Any, size: int, batch: int) -> int:
     """FLOPs of one eager generator forward (torch.utils.flop_counter; 2 per multiply-add)."""
     from torch.utils.flop_counter import FlopCounterMode
-
-    from gantool.networks import CompletionNetwork
 
     generator = CompletionNetwork(config).eval()  # FLOPs depend on shapes only, not on weights
     image, mask = torch.zeros(batch, 3, size, size), torch.zeros(batch, 1, size, size)
@@ -274,8 +270,6 @@ def _bench_inputs(size: int, batch: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _resolve_providers(providers: Sequence[str]) -> list[str]:
-    from gantool.runtime import cuda_device_visible
-
     out: list[str] = []
     for p in providers:
         if p == "auto":
@@ -285,16 +279,10 @@ def _resolve_providers(providers: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _error_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-
-
 def bench_backend_rows(
     model: str | Path | None, backends: Sequence[str], providers: Sequence[str], sizes: Sequence[int],
     batches: Sequence[int], repeats: int, warmup: int,
 ) -> list[dict[str, Any]]:
-    from gantool.errors import GantoolError
-
     rows: list[dict[str, Any]] = []
     flops: dict[tuple[int, int], int] = {}
     for backend in backends:
@@ -303,7 +291,7 @@ def bench_backend_rows(
             try:
                 runner, note = open_inpaint_backend(model, backend, provider)
             except GantoolError as e:
-                rows.append({**base, "error": _error_line(e)})
+                rows.append({**base, "error": first_line(e)})
                 continue
             base["provider"] = runner.provider  # what really runs
             for size in sizes:
@@ -323,7 +311,7 @@ def bench_backend_rows(
                         with _PeakMemory() as memory:
                             times = _timed(lambda: runner.run(image, mask), repeats, warmup, torch.device("cpu"))
                     except (GantoolError, MemoryError, RuntimeError) as e:
-                        rows.append({**row, "error": _error_line(e)})
+                        rows.append({**row, "error": first_line(e)})
                         continue
                     median = statistics.median(times)
                     row.update({
@@ -375,9 +363,6 @@ def bench_end_to_end(model: str | Path | None, images: int, size: int, provider:
 
     from PIL import Image
 
-    from gantool.inference import MaskSource, collect_images, inpaint_files, plan_jobs
-    from gantool.runtime import load_backend
-
     start = time.perf_counter()
     backend = _TimedBackend(load_backend(model, provider, "onnx"))
     load_s = time.perf_counter() - start
@@ -392,10 +377,8 @@ def bench_end_to_end(model: str | Path | None, images: int, size: int, provider:
             Image.fromarray(base.astype(np.uint8)).save(folder / f"img_{i:03d}.png")
         mask_path = Path(tmp) / "mask.png"
         Image.fromarray(_box_mask_array(size, size // 4)).save(mask_path)
-        masks = MaskSource(mask_path)
-        jobs = plan_jobs(collect_images([folder]), out)
         start = time.perf_counter()
-        summary = inpaint_files(backend, jobs, masks, strategy=strategy, batch_size=batch_size)
+        summary = run_inpaint([folder], backend, mask=mask_path, output=out, strategy=strategy, batch_size=batch_size)  # type: ignore[arg-type]
         wall = time.perf_counter() - start
     outside = max(0.0, wall - backend.run_seconds)
     return {
@@ -403,7 +386,7 @@ def bench_end_to_end(model: str | Path | None, images: int, size: int, provider:
         "backend": "onnx", "provider": backend.provider, "failed": summary.failed,
         "model_load_s": load_s, "wall_s": wall, "model_run_s": backend.run_seconds, "run_calls": backend.calls,
         "outside_model_fraction": outside / wall if wall > 0 else None,
-        "measures": "inference.inpaint_files (what `gantool inpaint` runs after loading the model): "
+        "measures": "pipeline.run_inpaint (what `gantool inpaint` runs, the model already loaded): "
                     "wall time vs the summed backend.run time",
     }
 
@@ -414,16 +397,13 @@ def bench_crop(model: str | Path | None, provider: str, large: int = 2048, small
     --strategy full on a ``small`` image with the same hole (PIL image in, PIL image out)."""
     from PIL import Image
 
-    from gantool.inference import inpaint_images
-    from gantool.runtime import load_backend
-
     backend = load_backend(model, provider, "onnx")
     rng = np.random.default_rng(0)
     timings = {}
     for name, side, strategy in (("large_crop", large, "crop"), ("small_full", small, "full")):
         picture = Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8))
         mask = (_box_mask_array(side, min(hole, side // 2)) > 127).astype(np.float32)
-        run = lambda: inpaint_images(backend, [(picture, mask)], strategy=strategy, batch_size=1)  # noqa: E731
+        run = lambda: inpaint_images(backend, [(picture, mask)], strategy=strategy, batch_size=1)
         timings[name] = statistics.median(_timed(run, repeats, 1, torch.device("cpu")))
     return {
         "large": large, "small": small, "hole": hole, "provider": backend.provider,
@@ -450,11 +430,9 @@ def bench_inpaint(
     backend x provider x size x batch, plus the three inference goals measured
     side by side (ORT CPU vs eager at 512 px batch 1; time outside the model in
     the file loop; crop on 2048 px vs a 256 px image). Never used for timed tests."""
-    from gantool.errors import InputError
-
     unknown = [b for b in backends if b not in INPAINT_BACKENDS]
     if unknown:
-        raise InputError(f"unknown backend {unknown[0]!r} (choose from {', '.join(INPAINT_BACKENDS)})")
+        raise choice_error("backend", unknown[0], INPAINT_BACKENDS)
     if not sizes or not batches or min(sizes) < 4 or min(batches) < 1:
         raise InputError("--sizes and --batch need positive values (sizes at least 4)")
     if repeats < 1 or warmup < 0 or e2e_images < 0:

@@ -18,10 +18,11 @@ import safetensors.torch
 import torch
 
 from gantool import __version__
+from gantool.artifacts import META_MODEL_CONFIG
 from gantool.config import ModelConfig
 from gantool.errors import CheckpointError, first_line
 from gantool.fileio import atomic_save
-from gantool.networks import CompletionNetwork, ContextDiscriminator
+from gantool.networks import CompletionNetwork
 
 CHECKPOINT_FORMAT = "gantool-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -100,12 +101,6 @@ def generator_from_checkpoint(state: dict[str, Any]) -> CompletionNetwork:
     return generator.eval()
 
 
-def discriminator_from_checkpoint(state: dict[str, Any]) -> ContextDiscriminator:
-    discriminator = ContextDiscriminator(model_config_of(state))
-    discriminator.load_state_dict(state["discriminator"])
-    return discriminator
-
-
 # ------------------------------------------------------------- standalone generator weights
 
 
@@ -119,12 +114,11 @@ def weights_sha256(state_dict: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def save_generator_weights(
-    path: str | Path, generator: CompletionNetwork, metadata: dict[str, str] | None = None
-) -> Path:
-    """The generator alone as safetensors; the model config rides in the header."""
-    meta = {"gantool.model_config": json.dumps(generator.config.to_dict()), "gantool.version": __version__}
-    meta.update(metadata or {})
+def save_generator_weights(path: str | Path, generator: CompletionNetwork, metadata: dict[str, str]) -> Path:
+    """The generator alone as safetensors, with ``metadata`` (which must carry the model config) in the header."""
+    if META_MODEL_CONFIG not in metadata:
+        raise ValueError(f"save_generator_weights needs {META_MODEL_CONFIG} in the metadata")
+    meta = dict(metadata)
     tensors = {k: v.detach().cpu().contiguous() for k, v in generator.state_dict().items()}
     return atomic_save(path, lambda tmp: safetensors.torch.save_file(tensors, str(tmp), metadata=meta))
 
@@ -138,8 +132,8 @@ def load_generator_weights(path: str | Path) -> tuple[CompletionNetwork, dict[st
         with safetensors.safe_open(str(path), framework="pt") as f:
             meta = dict(f.metadata() or {})
             tensors = {k: f.get_tensor(k) for k in f.keys()}
-        config = ModelConfig.from_dict(json.loads(meta["gantool.model_config"]))
-    except (KeyError, json.JSONDecodeError):
+        config = ModelConfig.from_dict(json.loads(meta[META_MODEL_CONFIG]))
+    except (KeyError, json.JSONDecodeError, TypeError, ValueError):
         raise CheckpointError(f"{path} has no gantool model config in its metadata") from None
     except Exception as e:  # safetensors raises its own error types for corrupt headers
         raise CheckpointError(f"{path} is not a readable safetensors file ({first_line(e)})") from None
@@ -149,11 +143,3 @@ def load_generator_weights(path: str | Path) -> tuple[CompletionNetwork, dict[st
     except RuntimeError as e:
         raise CheckpointError(f"{path}: weights do not match the model config ({first_line(e)})") from None
     return generator.eval(), meta
-
-
-def load_generator(path: str | Path) -> CompletionNetwork:
-    """A generator from a training checkpoint (.pt) or a safetensors weights file."""
-    path = Path(path)
-    if path.suffix == ".safetensors":
-        return load_generator_weights(path)[0]
-    return generator_from_checkpoint(load_checkpoint(path))

@@ -32,3 +32,6 @@ DEFAULT_INPAINT_BATCH = 4
 AUTO_CROP_FACTOR = 2
 # ``crop`` context around each hole, as a fraction of the train size.
 CROP_MARGIN_FRACTION = 0.25
+
+# `gantool eval`'s comparison grid, written beside the command (never inside --data).
+DEFAULT_EVAL_GRID = "eval_grid.png"

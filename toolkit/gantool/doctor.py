@@ -20,13 +20,16 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gantool.artifacts import default_model_dir
+from gantool.errors import first_line
+from gantool.providers import cuda_device_visible, try_provider
+
 ORT_DISTRIBUTIONS = (
     "onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino",
     "onnxruntime-qnn", "onnxruntime-training", "ort-nightly", "ort-nightly-gpu",
 )
 # Providers that need a remote service or special hardware set-up to even open a session.
 SKIPPED_PROVIDERS = {"AzureExecutionProvider": "a remote-inference provider, not a local device"}
-GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
 TORCH_CUDA_INDEX = "https://download.pytorch.org/whl/cu130"
 
 
@@ -67,12 +70,6 @@ class DoctorReport:
 
 
 # ------------------------------------------------------------------------------ probes
-
-
-def gpu_visible() -> bool:
-    from gantool.runtime import cuda_device_visible
-
-    return cuda_device_visible()
 
 
 def installed_versions(names: tuple[str, ...] = ORT_DISTRIBUTIONS) -> dict[str, str]:
@@ -122,39 +119,19 @@ def probe_model_bytes() -> bytes:
     return model.SerializeToString()
 
 
-def check_provider(ort: Any, name: str, model: bytes) -> ProviderCheck:
+def check_provider(name: str, model: bytes) -> ProviderCheck:
     """Open the probe model with ``name`` (then the CPU as ORT's fallback) and run it."""
     import numpy as np
 
-    from gantool.runtime import captured_native_output, failure_cause
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    providers = [name] if name == "CPUExecutionProvider" else [name, "CPUExecutionProvider"]
-    gpu = name in GPU_PROVIDERS
-    with captured_native_output() as captured:
+    session, active, cause = try_provider(model, name)
+    ran = False
+    if session is not None and not cause:
         try:
-            if gpu and hasattr(ort, "preload_dlls"):
-                with contextlib.suppress(Exception):  # a failed preload shows as a provider that did not load
-                    ort.preload_dlls()
-            session = ort.InferenceSession(model, sess_options=options, providers=providers)
-            active = list(session.get_providers())
             out = session.run(["y"], {"x": np.arange(4, dtype=np.float32)[None]})[0]
             ran = bool(np.array_equal(out, np.arange(1, 5, dtype=np.float32)[None]))
-            error = ""
         except Exception as e:  # ORT raises its own types (Fail, RuntimeException, ...)
-            active, ran = [], False
-            error = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-    loadable = bool(active) and active[0] == name
-    cause = ""
-    if not loadable:
-        if error:
-            cause = error
-        elif gpu:
-            cause = failure_cause(captured.text, "tensorrt" if name.startswith("Tensorrt") else "cuda")
-        else:
-            cause = f"ONNX Runtime fell back to {active[0] if active else 'nothing'}"
-    return ProviderCheck(name, loadable, ran and loadable, active, cause)
+            cause = first_line(e)
+    return ProviderCheck(name, not cause and bool(active), ran, active, cause)
 
 
 def onnxruntime_info() -> tuple[dict[str, Any], Any]:
@@ -176,7 +153,7 @@ def onnxruntime_info() -> tuple[dict[str, Any], Any]:
 def diagnose(test_providers: bool = True) -> DoctorReport:
     """Inspect torch and ONNX Runtime, open a session per available provider, and
     list the problems with their fixes."""
-    gpu = gpu_visible()
+    gpu = cuda_device_visible()
     torch_data = torch_info()
     packages = installed_versions()
     ort_data, ort = onnxruntime_info()
@@ -188,7 +165,7 @@ def diagnose(test_providers: bool = True) -> DoctorReport:
         for name in ort_data["available_providers"]:
             if name in SKIPPED_PROVIDERS:
                 continue
-            checks.append(check_provider(ort, name, model))
+            checks.append(check_provider(name, model))
     report = DoctorReport(
         python=platform.python_version(),
         platform=f"{platform.system()} {platform.machine()}",
@@ -273,8 +250,6 @@ def _ort_findings(info: dict[str, Any], checks: list[ProviderCheck], gpu: bool, 
 
 
 def _model_findings() -> list[Finding]:
-    from gantool.runtime import default_model_dir
-
     folder = default_model_dir()
     if folder is None:
         return [Finding("problem", "no shipped model found (models/generator.onnx): `gantool inpaint` needs --model",

@@ -26,11 +26,13 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from gantool.constants import MASK_KINDS
+from gantool.constants import DEFAULT_EVAL_GRID, MASK_KINDS
 from gantool.errors import InputError
 from gantool.fileio import atomic_save, ensure_writable_dir
+from gantool.inference import inpaint_arrays
 from gantool.masks import generate_mask
 from gantool.processing import image_to_array, read_image, resize_array, to_uint8
+from gantool.runtime import load_backend
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ METRICS = ("psnr_hole", "psnr", "ssim_hole", "ssim", "l1_hole", "l1")
 GRID_COLUMNS = ("masked", "telea", "ns", "gantool", "truth")
 OPENCV_MISSING = 'OpenCV is needed for the classical baselines: pip install "gantool[eval]"'
 INPAINT_RADIUS = 3  # cv2.inpaint's neighbourhood radius, as in OpenCV's own examples
-DEFAULT_GRID_NAME = "eval_grid.png"
+
 # A PNG text chunk marks eval's own grids, so a grid is never scored as ground truth.
 GRID_MARK = ("gantool", "eval-grid")
 
@@ -95,7 +97,7 @@ def square_resize(image: np.ndarray, size: int) -> np.ndarray:
 
 def is_eval_grid(path: Path) -> bool:
     """Whether ``path`` is a grid written by ``gantool eval`` (marked, or the default name)."""
-    if path.name == DEFAULT_GRID_NAME:
+    if path.name == DEFAULT_EVAL_GRID:
         return True
     if path.suffix.lower() != ".png":
         return False
@@ -261,8 +263,6 @@ def evaluate(
     ``masks_per_image`` different holes. ``grid`` writes a PNG of the first hole
     of the first ``grid_rows`` images: masked | Telea | Navier-Stokes | gantool | truth.
     """
-    from gantool.runtime import load_backend
-
     if size < 16:
         raise InputError(f"--size must be at least 16, got {size}")
     local_size = size // 2 if local_size is None else local_size
@@ -328,8 +328,6 @@ def _score(
     per_image: dict[str, dict[str, list[float]]], grid_items: list[dict[str, np.ndarray]] | None,
 ) -> None:
     """Fill one hole with every method; append the metrics (and a grid row)."""
-    from gantool.inference import inpaint_arrays
-
     outputs: dict[str, np.ndarray] = {}
     if classical:
         outputs["mean"] = mean_fill(truth, mask)

@@ -20,7 +20,6 @@ import json
 import logging
 import time
 import warnings
-import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,27 @@ import torch
 from torch import Tensor, nn
 
 from gantool import __version__
+from gantool.artifacts import (
+    ALWAYS_WRITTEN,
+    ARTIFACT,
+    CHECKPOINT_TRAIN_KEYS,
+    EXPORT_FORMATS,
+    KIND_CHECKPOINT,
+    META_EXPORTED_AT,
+    META_MODEL_CONFIG,
+    META_PRECISION,
+    META_PROCESSING,
+    META_SOURCE,
+    META_TORCH_VERSION,
+    META_TRAIN_PHASE,
+    META_TRAIN_STEP,
+    META_VERSION,
+    META_WEIGHTS_SHA256,
+    TORCHSCRIPT_METADATA_ENTRY,
+    decode_metadata,
+    model_kind,
+    read_model_metadata,
+)
 from gantool.checkpoint import (
     generator_from_checkpoint,
     load_checkpoint,
@@ -38,7 +58,7 @@ from gantool.checkpoint import (
     save_generator_weights,
     weights_sha256,
 )
-from gantool.errors import CheckpointError, InputError, ModelError
+from gantool.errors import CheckpointError, InputError, ModelError, first_line
 from gantool.fileio import atomic_path, atomic_write_text, ensure_writable_dir
 from gantool.networks import CompletionNetwork, fold_batchnorm
 from gantool.parity import (
@@ -48,7 +68,6 @@ from gantool.parity import (
     cuda_worth_trying,
     default_cases,
     failures,
-    first_line,
     onnx_session,
     onnxruntime_backend,
     parity_sweep,
@@ -59,25 +78,8 @@ from gantool.processing import processing_contract
 
 logger = logging.getLogger(__name__)
 
-METADATA_FILE = "gantool_metadata.json"  # TorchScript _extra_files entry
-FP16_ONNX_NAME = "generator_fp16.onnx"
-WEIGHTS_NAME = "generator.safetensors"
-REPORT_NAME = "export_report.json"
 MIN_FP16_PSNR = 40.0
 INPUT_NAMES, OUTPUT_NAMES = ["image", "mask"], ["inpainted"]
-
-
-@dataclass(frozen=True)
-class ExportFormat:
-    filename: str
-    options: frozenset[str]  # export options that apply to this format
-
-
-# The formats and which options each accepts: checked in one place, not scattered ifs.
-FORMATS: dict[str, ExportFormat] = {
-    "onnx": ExportFormat("generator.onnx", frozenset({"opset", "fp16"})),
-    "torchscript": ExportFormat("generator.torchscript.pt", frozenset()),
-}
 
 
 @dataclass
@@ -123,67 +125,17 @@ def build_metadata(state: dict[str, Any], source: str = "", precision: str = "fp
     """The metadata contract shared by every exported file (string keys and values)."""
     config = model_config_of(state)
     return {
-        "gantool.version": __version__,
-        "gantool.model_config": json.dumps(config.to_dict()),
-        "gantool.processing": json.dumps(processing_contract(config)),
-        "gantool.train_step": str(int(state.get("step", 0))),
-        "gantool.train_phase": str(state.get("phase", "")),
-        "gantool.weights_sha256": weights_sha256(state["generator"]),
-        "gantool.precision": precision,
-        "gantool.source": source,
-        "gantool.exported_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gantool.torch_version": torch.__version__,
+        META_VERSION: __version__,
+        META_MODEL_CONFIG: json.dumps(config.to_dict()),
+        META_PROCESSING: json.dumps(processing_contract(config)),
+        META_TRAIN_STEP: str(int(state.get("step", 0))),
+        META_TRAIN_PHASE: str(state.get("phase", "")),
+        META_WEIGHTS_SHA256: weights_sha256(state["generator"]),
+        META_PRECISION: precision,
+        META_SOURCE: source,
+        META_EXPORTED_AT: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        META_TORCH_VERSION: torch.__version__,
     }
-
-
-def read_model_metadata(path: str | Path) -> dict[str, str]:
-    """The gantool metadata of a .onnx, TorchScript (.pt) or .safetensors file."""
-    path = Path(path)
-    if not path.is_file():
-        raise ModelError(f"model file not found: {path}")
-    if path.suffix == ".onnx":
-        meta = _onnx_metadata(path)
-    elif path.suffix == ".safetensors":
-        meta = _safetensors_metadata(path)
-    elif zipfile.is_zipfile(path):
-        meta = _torchscript_metadata(path)
-    else:
-        raise ModelError(f"{path} is not an ONNX, TorchScript or safetensors model")
-    if not any(key.startswith("gantool.") for key in meta):
-        raise ModelError(f"{path} carries no gantool metadata (not exported by gantool)")
-    return meta
-
-
-def _onnx_metadata(path: Path) -> dict[str, str]:
-    import onnx
-
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as e:  # protobuf raises its own DecodeError for corrupt files
-        raise ModelError(f"{path} is not a readable ONNX model ({first_line(e)})") from None
-    return {prop.key: prop.value for prop in model.metadata_props}
-
-
-def _safetensors_metadata(path: Path) -> dict[str, str]:
-    import safetensors
-
-    try:
-        with safetensors.safe_open(str(path), framework="pt") as f:
-            return dict(f.metadata() or {})
-    except Exception as e:  # safetensors raises its own error types for corrupt headers
-        raise ModelError(f"{path} is not a readable safetensors file ({first_line(e)})") from None
-
-
-def _torchscript_metadata(path: Path) -> dict[str, str]:
-    # Read the zip entry directly: no need to load (and run the code of) the module.
-    try:
-        with zipfile.ZipFile(path) as archive:
-            names = [n for n in archive.namelist() if n.endswith(f"/extra/{METADATA_FILE}")]
-            if not names:
-                raise ModelError(f"{path} carries no gantool metadata (not a gantool TorchScript export)")
-            return dict(json.loads(archive.read(names[0])))
-    except (zipfile.BadZipFile, json.JSONDecodeError, TypeError, ValueError, OSError) as e:
-        raise ModelError(f"{path} is not a readable TorchScript file ({first_line(e)})") from None
 
 
 # -------------------------------------------------------------------------- exporting
@@ -281,22 +233,22 @@ def export_torchscript(folded: nn.Module, example: tuple[Tensor, Tensor], path: 
     try:
         with _quiet_exporter(), torch.no_grad():
             traced = torch.jit.trace(folded, example, check_inputs=check_inputs)
-            torch.jit.save(traced, str(path), _extra_files={METADATA_FILE: json.dumps(metadata)})
+            torch.jit.save(traced, str(path), _extra_files={TORCHSCRIPT_METADATA_ENTRY: json.dumps(metadata)})
     except Exception as e:  # TracingCheckError and friends
         logger.debug("TorchScript export failed", exc_info=True)
         raise ModelError(f"TorchScript export failed: {first_line(e)}") from None
 
 
 def check_options(formats: Sequence[str], opset: int | None, fp16: bool, atol: float) -> tuple[str, ...]:
-    """Validate formats and their options against :data:`FORMATS`."""
+    """Validate formats and their options against the artifact table."""
     formats = tuple(dict.fromkeys(formats))
     if not formats:
         raise InputError("no export format selected")
-    unknown = [f for f in formats if f not in FORMATS]
+    unknown = [f for f in formats if f not in EXPORT_FORMATS]
     if unknown:
-        raise InputError(f"unknown export format {unknown[0]!r}; choose from {', '.join(FORMATS)}")
+        raise InputError(f"unknown export format {unknown[0]!r}; choose from {', '.join(EXPORT_FORMATS)}")
     for option, used in (("opset", opset is not None), ("fp16", fp16)):
-        allowed = [name for name, spec in FORMATS.items() if option in spec.options]
+        allowed = [name for name in EXPORT_FORMATS if option in ARTIFACT[name].options]
         if used and not any(f in allowed for f in formats):
             raise InputError(f"--{option} applies only to {' or '.join(allowed)} export")
     if opset is not None and not 18 <= opset <= _max_opset():
@@ -315,7 +267,7 @@ def _max_opset() -> int:
 def export_generator(
     checkpoint_path: str | Path,
     out_dir: str | Path | None = None,
-    formats: Sequence[str] = ("onnx", "torchscript"),
+    formats: Sequence[str] = EXPORT_FORMATS,
     opset: int | None = None,
     fp16: bool = False,
     verify: bool = True,
@@ -336,10 +288,8 @@ def export_generator(
     generator = generator_from_checkpoint(state)
     size = generator.config.size
     out_dir = ensure_writable_dir(Path(out_dir) if out_dir is not None else default_output_dir(checkpoint_path))
-    targets = {name: out_dir / FORMATS[name].filename for name in formats}
-    if fp16:
-        targets["onnx_fp16"] = out_dir / FP16_ONNX_NAME
-    targets.update(safetensors=out_dir / WEIGHTS_NAME, report=out_dir / REPORT_NAME)
+    keys = [*formats, *(["onnx_fp16"] if fp16 else []), *ALWAYS_WRITTEN]
+    targets = {key: out_dir / ARTIFACT[key].filename for key in keys}
     existing = [str(p) for p in targets.values() if p.exists()]
     if existing and not overwrite:
         raise InputError(f"refusing to overwrite {', '.join(existing)} (use --overwrite)")
@@ -364,7 +314,7 @@ def export_generator(
                 export_onnx(folded, example, tmp[key], metadata, opset)
             elif key == "onnx_fp16":
                 half = HalfPrecisionGenerator(folded).eval()
-                export_onnx(half, example, tmp[key], {**metadata, "gantool.precision": "fp16"}, opset)
+                export_onnx(half, example, tmp[key], {**metadata, META_PRECISION: ARTIFACT[key].precision or "fp16"}, opset)
             else:
                 export_torchscript(folded, example, tmp[key], metadata)
             seconds[key] = round(time.perf_counter() - start, 2)
@@ -454,3 +404,33 @@ def verify_exports(
     report["reference"] = "eager PyTorch, unfolded generator, eval mode, float32, CPU"
     report["notes"] = notes
     return report, notes
+
+
+# ----------------------------------------------------------------------------- gantool info
+
+
+def describe_file(path: str | Path) -> dict[str, Any]:
+    """What ``gantool info`` shows: a model file's metadata, or a checkpoint's summary."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"file not found: {path}")
+    if not path.is_file():
+        raise InputError(f"not a regular file: {path}")
+    kind = model_kind(path)
+    if kind != KIND_CHECKPOINT:
+        meta = read_model_metadata(path)
+        return {"file": str(path), "kind": kind, "bytes": path.stat().st_size, "metadata": decode_metadata(meta)}
+    state = load_checkpoint(path)
+    train = state.get("train_config") or {}
+    return {
+        "file": str(path),
+        "kind": kind,
+        "bytes": path.stat().st_size,
+        "gantool_version": state.get("gantool_version"),
+        "step": int(state["step"]),
+        "phase": state["phase"],
+        "model_config": state["model_config"],
+        "train_config": {k: train[k] for k in CHECKPOINT_TRAIN_KEYS if k in train},
+        "metrics": state.get("metrics") or {},
+        "weights_sha256": weights_sha256(state["generator"]),
+    }

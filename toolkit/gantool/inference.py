@@ -1,39 +1,40 @@
-"""The file-level inpainting pipeline behind ``gantool inpaint``.
+"""Where the model runs on an image, and the Python API (:class:`Inpainter`).
 
 Reads top-down:
 
 1. strategies: where the model runs on an image (``full``, ``crop`` windows
-   around holes, or ``resize``) and how results are pasted back; the same
-   code serves :class:`gantool.runtime.Inpainter` and the command line;
-2. masks: ``--mask`` file or folder, ``--box`` rectangles, or the alpha channel;
-3. files: collecting inputs, naming outputs, batching, writing atomically.
+   around holes, or ``resize``), how same-size model inputs are batched and how
+   results are pasted back (:func:`inpaint_images`, :func:`inpaint_arrays`);
+2. mask inputs: a mask image, path or array, the alpha channel, ``--box`` rectangles;
+3. :class:`Inpainter`: a backend opened once, with the strategy options.
 
-Pixel conversions, padding and compositing come from :mod:`gantool.processing`.
-Only hole pixels ever change: the written pixels outside the hole are copied
-from the decoded input, bit for bit.
+The file pipeline (folders, outputs, reader and writer threads) is
+:mod:`gantool.pipeline`. Pixel conversions, padding and compositing come from
+:mod:`gantool.processing`. Only hole pixels ever change.
 """
 
 from __future__ import annotations
 
-import glob
-import logging
-import re
-import time
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image
 
-from gantool.errors import GantoolError, InputError
-from gantool.fileio import atomic_save
+from gantool.config import ModelConfig
+from gantool.constants import (
+    AUTO_CROP_FACTOR,
+    CROP_MARGIN_FRACTION,
+    DEFAULT_BACKEND,
+    DEFAULT_INPAINT_BATCH,
+    DEFAULT_PRECISION,
+    DEFAULT_PROVIDER,
+    DEFAULT_STRATEGY,
+    STRATEGIES,
+)
+from gantool.errors import InputError, choice_error
 from gantool.processing import (
-    PNG_COMPRESS_LEVEL,
-    IMAGE_EXTENSIONS,
     alpha_hole_mask,
     crop_padding,
     float_to_output_array,
@@ -48,21 +49,7 @@ from gantool.processing import (
     resize_array,
     resize_mask,
 )
-
-if TYPE_CHECKING:
-    from gantool.runtime import Backend
-
-log = logging.getLogger(__name__)
-
-STRATEGIES = ("auto", "full", "crop", "resize")
-# ``auto`` switches from ``full`` to ``crop`` when max(H, W) > AUTO_CROP_FACTOR * train size.
-AUTO_CROP_FACTOR = 2
-# ``crop`` context around each hole, as a fraction of the train size; each window
-# is also at least train size x train size (the scale the model was trained at).
-CROP_MARGIN_FRACTION = 0.25
-OUTPUT_SUFFIX = ".inpainted.png"
-_GLOB_CHARS = re.compile(r"[*?\[]")
-
+from gantool.runtime import Backend, load_backend
 
 # -------------------------------------------------------------------------- strategies
 
@@ -100,7 +87,7 @@ class Window:
 def choose_strategy(strategy: str, height: int, width: int, train_size: int) -> str:
     """Resolve ``auto``: ``crop`` above AUTO_CROP_FACTOR x the train size, else ``full``."""
     if strategy not in STRATEGIES:
-        raise InputError(f"unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
+        raise choice_error("strategy", strategy, STRATEGIES)
     if strategy == "auto":
         return "crop" if max(height, width) > AUTO_CROP_FACTOR * train_size else "full"
     return strategy
@@ -269,8 +256,8 @@ def _fill_windows(
 def inpaint_arrays(
     backend: Backend,
     items: Sequence[tuple[np.ndarray, np.ndarray]],
-    strategy: str = "auto",
-    batch_size: int = 4,
+    strategy: str = DEFAULT_STRATEGY,
+    batch_size: int = DEFAULT_INPAINT_BATCH,
     crop_margin: int | None = None,
 ) -> list[np.ndarray]:
     """Inpaint float H x W x 3 images with H x W masks (1 = hole); any sizes.
@@ -292,8 +279,8 @@ def inpaint_arrays(
 def inpaint_images(
     backend: Backend,
     items: Sequence[tuple[Image.Image, np.ndarray]],
-    strategy: str = "auto",
-    batch_size: int = 4,
+    strategy: str = DEFAULT_STRATEGY,
+    batch_size: int = DEFAULT_INPAINT_BATCH,
     crop_margin: int | None = None,
 ) -> list[Image.Image]:
     """Inpaint PIL images (H x W masks, 1 = hole). Each result has the input's size
@@ -377,7 +364,7 @@ def parse_box(text: str) -> tuple[int, int, int, int]:
     return x, y, w, h
 
 
-def box_mask(boxes: Sequence[tuple[int, int, int, int]], width: int, height: int) -> np.ndarray:
+def boxes_to_mask(boxes: Sequence[tuple[int, int, int, int]], width: int, height: int) -> np.ndarray:
     """Rectangles (x, y, w, h) as a hole mask, clipped to the image."""
     mask = np.zeros((height, width), np.float32)
     for x, y, w, h in boxes:
@@ -387,293 +374,92 @@ def box_mask(boxes: Sequence[tuple[int, int, int, int]], width: int, height: int
     return mask
 
 
-@dataclass(frozen=True)
-class ImageJob:
-    """One input image and where its result goes."""
-
-    source: Path
-    output: Path
-    relative: Path  # path below the input folder it was found in (its name for files)
+# --------------------------------------------------------------------------- Inpainter
 
 
-class MaskSource:
-    """The holes for each image: ``--mask`` (a file for all images, or a folder
-    matched by file stem), ``--box`` rectangles (both are combined when given
-    together), else the image's alpha channel."""
+class Inpainter:
+    """Inpaint images with a gantool generator: the Python API of ``gantool inpaint``.
 
-    def __init__(self, mask: str | Path | None = None, boxes: Sequence[tuple[int, int, int, int]] = ()) -> None:
-        self.path = Path(mask).expanduser() if mask is not None else None
-        if self.path is not None and not self.path.exists():
-            raise InputError(f"mask not found: {self.path}")
-        self.boxes = list(boxes)
-        self._file_mask: np.ndarray | None = None
-        self._by_stem: dict[str, list[Path]] = {}
-        if self.path is not None and self.path.is_dir():
-            for candidate in sorted(self.path.rglob("*")):
-                if candidate.is_file() and candidate.suffix.lower() in IMAGE_EXTENSIONS:
-                    self._by_stem.setdefault(candidate.stem, []).append(candidate)
+    >>> inpainter = Inpainter("runs/<run>/export")          # provider, backend: "auto"
+    >>> result = inpainter.inpaint("photo.jpg", "mask.png")  # PIL image, same size
+    >>> inpainter.provider                                    # what really runs
 
-    @property
-    def folder(self) -> Path | None:
-        return self.path if self.path is not None and self.path.is_dir() else None
-
-    def protected_files(self) -> list[Path]:
-        """Mask files: never to be overwritten by an output."""
-        if self.path is None:
-            return []
-        return [self.path] if self.path.is_file() else [p for ps in self._by_stem.values() for p in ps]
-
-    def _mask_file_for(self, job: ImageJob) -> Path:
-        assert self.path is not None
-        if self.path.is_file():
-            return self.path
-        same_place = [p for p in self._by_stem.get(job.source.stem, []) if p.parent == self.path / job.relative.parent]
-        matches = same_place or self._by_stem.get(job.source.stem, [])
-        if not matches:
-            raise InputError(f"no mask named {job.source.stem}.* in {self.path}")
-        if len(matches) > 1:
-            names = ", ".join(str(p.relative_to(self.path)) for p in matches[:3])
-            raise InputError(f"several masks match {job.source.name} in {self.path}: {names}")
-        return matches[0]
-
-    def for_image(self, job: ImageJob, image: Image.Image) -> np.ndarray:
-        parts = []
-        if self.path is not None:
-            mask_file = self._mask_file_for(job)
-            if mask_file == self.path and self._file_mask is not None:
-                array = self._file_mask
-            else:
-                array = mask_to_array(read_image(mask_file))
-                if mask_file == self.path:  # one mask for all images: decode it once
-                    self._file_mask = array
-            parts.append(check_mask_size(array, image, mask_file.name, job.source.name))
-        if self.boxes:
-            parts.append(box_mask(self.boxes, image.width, image.height))
-        if parts:
-            return np.maximum.reduce(parts) if len(parts) > 1 else parts[0]
-        alpha = alpha_hole_mask(image)
-        if alpha is None:
-            raise InputError(
-                f"no mask for {job.source.name}: give --mask or --box, or an image with transparent holes"
-            )
-        return alpha
-
-
-# ------------------------------------------------------------------------------- files
-
-
-def _is_candidate(path: Path) -> bool:
-    """An image found while scanning: right extension, not one of our outputs."""
-    return (
-        path.is_file()
-        and path.suffix.lower() in IMAGE_EXTENSIONS
-        and ".inpainted." not in path.name
-        and not path.name.startswith(".")
-    )
-
-
-def collect_images(inputs: Sequence[str | Path], skip: Sequence[Path] = ()) -> list[tuple[Path, Path]]:
-    """Files, folders (recursive) and globs -> [(image path, path relative to its folder)].
-
-    Folder scans skip ``*.inpainted.*`` files and anything inside ``skip``
-    (the mask folder); named files are always taken.
+    ``model``: an export or run folder, a model file (.onnx, TorchScript .pt,
+    checkpoint .pt, .safetensors), or None for the shipped model. ``strategy``
+    is the default for :meth:`inpaint` (see :func:`plan_windows`).
     """
-    skip_resolved = [p.resolve() for p in skip]
 
-    def skipped(path: Path) -> bool:
-        resolved = path.resolve()
-        return any(resolved == s or s in resolved.parents for s in skip_resolved)
-
-    found: list[tuple[Path, Path]] = []
-    seen: set[Path] = set()
-
-    def add(path: Path, relative: Path) -> None:
-        key = path.resolve()
-        if key not in seen:
-            seen.add(key)
-            found.append((path, relative))
-
-    for raw in inputs:
-        path = Path(raw).expanduser()
-        if path.is_dir():
-            for candidate in sorted(path.rglob("*")):
-                if _is_candidate(candidate) and not skipped(candidate):
-                    add(candidate, candidate.relative_to(path))
-        elif path.is_file():
-            add(path, Path(path.name))
-        elif _GLOB_CHARS.search(str(raw)):
-            matches = [Path(m) for m in sorted(glob.glob(str(path), recursive=True))]
-            images = [m for m in matches if _is_candidate(m) and not skipped(m)]
-            if not images:
-                raise InputError(f"no images match {raw}")
-            for image in images:
-                add(image, Path(image.name))
-        else:
-            raise InputError(f"no such file or folder: {raw}")
-    if not found:
-        raise InputError(f"no images found in {', '.join(str(i) for i in inputs)}")
-    return found
-
-
-def plan_jobs(images: Sequence[tuple[Path, Path]], output: str | Path | None = None) -> list[ImageJob]:
-    """Name each output: ``<stem>.inpainted.png`` beside the input or under
-    ``output`` (a folder; folder inputs keep their sub-folders), or ``output``
-    itself when it ends in .png and there is one image."""
-    out = Path(output).expanduser() if output is not None else None
-    if out is not None and out.suffix.lower() == ".png" and not out.is_dir():
-        if len(images) != 1:
-            raise InputError(f"-o {out} names one file but there are {len(images)} images: give a folder")
-        source, relative = images[0]
-        return [ImageJob(source, out, relative)]
-    if out is not None and out.exists() and not out.is_dir():
-        raise InputError(f"-o {out} is an existing file that is not a .png: give a folder or a .png name")
-    jobs, claimed = [], {}
-    for source, relative in images:
-        name = relative.with_name(source.stem + OUTPUT_SUFFIX)
-        dest = out / name if out is not None else source.with_name(name.name)
-        key = dest.resolve()
-        if key in claimed:
-            raise InputError(f"{claimed[key]} and {source} would both be written to {dest}")
-        claimed[key] = source
-        jobs.append(ImageJob(source, dest, relative))
-    return jobs
-
-
-@dataclass
-class FileResult:
-    source: Path
-    output: Path | None = None
-    error: str | None = None
-    unchanged: bool = False  # the mask had no hole: the image was written as it was
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        provider: str = DEFAULT_PROVIDER,
+        backend: str = DEFAULT_BACKEND,
+        *,
+        strategy: str = DEFAULT_STRATEGY,
+        batch_size: int = DEFAULT_INPAINT_BATCH,
+        crop_margin: int | None = None,
+        precision: str = DEFAULT_PRECISION,
+    ) -> None:
+        if strategy not in STRATEGIES:
+            raise choice_error("strategy", strategy, STRATEGIES)
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise InputError(f"batch size must be a whole number >= 1, got {batch_size!r}")
+        if crop_margin is not None and (not isinstance(crop_margin, int) or crop_margin < 0):
+            raise InputError(f"crop margin must be a whole number >= 0, got {crop_margin!r}")
+        self.backend = load_backend(model, provider, backend, precision)
+        self.strategy = strategy
+        self.batch_size = batch_size
+        self.crop_margin = crop_margin
 
     @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-@dataclass
-class RunSummary:
-    results: list[FileResult] = field(default_factory=list)
-    seconds: float = 0.0
-    provider: str = ""
-    backend: str = ""
+    def provider(self) -> str:
+        """The provider (ONNX Runtime) or torch device that really runs."""
+        return self.backend.provider
 
     @property
-    def inpainted(self) -> int:
-        return sum(r.ok for r in self.results)
+    def provider_note(self) -> str:
+        return self.backend.provider_note
 
     @property
-    def failed(self) -> int:
-        return sum(not r.ok for r in self.results)
+    def backend_name(self) -> str:
+        return self.backend.name
 
-    def line(self) -> str:
-        return (
-            f"{self.inpainted} inpainted, {self.failed} failed in {self.seconds:.1f} s "
-            f"(provider {self.provider}, backend {self.backend})"
+    @property
+    def metadata(self) -> dict[str, str]:
+        return self.backend.metadata
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.backend.config
+
+    def run(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """NCHW float32 in, NCHW float32 out, any H and W (reflect-padded and cropped back)."""
+        if image.ndim != 4 or mask.ndim != 4:
+            raise InputError("run() takes N x 3 x H x W images and N x 1 x H x W masks")
+        padded_image, padded_mask, pad = pad_to_multiple(
+            np.asarray(image, np.float32), (np.asarray(mask) > 0.5).astype(np.float32), self.backend.size_multiple
         )
+        return np.ascontiguousarray(crop_padding(self.backend.run(padded_image, padded_mask), pad))
 
+    def inpaint(
+        self,
+        image: Image.Image | str | Path | np.ndarray,
+        mask: Image.Image | str | Path | np.ndarray | None = None,
+        strategy: str | None = None,
+    ) -> Image.Image:
+        """Fill the holes of ``image`` and return a PIL image of the same size.
 
-# Per-file problems that skip one file, not the run.
-_FILE_ERRORS = (GantoolError, OSError, ValueError, MemoryError, Image.DecompressionBombError)
-
-
-def _chunks(items: Sequence[ImageJob], size: int) -> Iterator[Sequence[ImageJob]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
-def _check_output(job: ImageJob, overwrite: bool, protected: set[Path]) -> None:
-    if job.output.resolve() in protected:
-        raise InputError(f"refusing to write {job.output}: it is an input or mask file")
-    if job.output.exists() and not overwrite:
-        raise InputError(f"{job.output} exists (use --overwrite)")
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
-
-
-def inpaint_files(
-    backend: Backend,
-    jobs: Sequence[ImageJob],
-    masks: MaskSource,
-    *,
-    strategy: str = "auto",
-    batch_size: int = 4,
-    crop_margin: int | None = None,
-    overwrite: bool = False,
-    on_result: Callable[[FileResult], None] | None = None,
-) -> RunSummary:
-    """Inpaint every job; a bad file is recorded (one line) and skipped.
-
-    Images are read ``batch_size`` at a time; same-size model inputs among them
-    are run as one batch. Outputs are PNG, written atomically, never over an
-    input or mask file, and over an existing file only with ``overwrite``.
-    """
-    start = time.perf_counter()
-    summary = RunSummary(provider=backend.provider, backend=backend.name)
-    protected = {job.source.resolve() for job in jobs} | {p.resolve() for p in masks.protected_files()}
-
-    def report(result: FileResult) -> None:
-        summary.results.append(result)
-        if on_result is not None:
-            on_result(result)
-
-    def save(job: ImageJob, image: Image.Image) -> None:
-        atomic_save(job.output, lambda tmp: image.save(tmp, format="PNG", compress_level=PNG_COMPRESS_LEVEL),
-                    overwrite=overwrite)
-
-    # PNG encoding runs on a writer thread (zlib releases the GIL), overlapping the
-    # next batch's model run; results are reported in job order.
-    pending: deque[tuple[ImageJob, np.ndarray, Future[None]]] = deque()
-
-    def settle(keep: int) -> None:
-        while len(pending) > keep:
-            job, mask, write = pending.popleft()
-            try:
-                write.result()
-                report(FileResult(job.source, output=job.output, unchanged=not (mask > 0.5).any()))
-            except _FILE_ERRORS as e:
-                report(FileResult(job.source, error=f"{job.source}: {_one_line(e)}"))
-
-    def load(chunk: Sequence[ImageJob]) -> tuple[list[tuple[ImageJob, Image.Image, np.ndarray]], list[FileResult]]:
-        loaded, failed = [], []
-        for job in chunk:
-            try:
-                _check_output(job, overwrite, protected)
-                image = read_image(job.source)
-                loaded.append((job, image, masks.for_image(job, image)))
-            except _FILE_ERRORS as e:
-                failed.append(FileResult(job.source, error=f"{job.source}: {_one_line(e)}"))
-        return loaded, failed
-
-    chunks = list(_chunks(jobs, batch_size))
-    # A reader thread decodes the next batch while this one runs (one thread: MaskSource
-    # is used from it alone).
-    with ThreadPoolExecutor(1, thread_name_prefix="gantool-read") as reader, \
-            ThreadPoolExecutor(1, thread_name_prefix="gantool-write") as writer:
-        upcoming = reader.submit(load, chunks[0]) if chunks else None
-        for number, _ in enumerate(chunks):
-            loaded, failed = upcoming.result()
-            upcoming = reader.submit(load, chunks[number + 1]) if number + 1 < len(chunks) else None
-            for result in failed:
-                report(result)
-            try:
-                outputs = inpaint_images(backend, [(img, m) for _, img, m in loaded], strategy, batch_size, crop_margin)
-            except _FILE_ERRORS:
-                outputs = None  # retried one by one below, so one bad image does not fail its batch
-            for index, (job, image, mask) in enumerate(loaded):
-                try:
-                    if outputs is None:
-                        result = inpaint_images(backend, [(image, mask)], strategy, 1, crop_margin)[0]
-                    else:
-                        result = outputs[index]
-                except _FILE_ERRORS as e:
-                    report(FileResult(job.source, error=f"{job.source}: {_one_line(e)}"))
-                    continue
-                pending.append((job, mask, writer.submit(save, job, result)))
-            settle(keep=batch_size)  # at most one batch of finished images waits in memory
-        settle(keep=0)
-    summary.seconds = time.perf_counter() - start
-    return summary
+        ``image``: a PIL image, a path, or an H x W x 3 (or H x W) uint8/uint16 array.
+        ``mask``: a PIL image, path or array; > 127 (8-bit) or 1 (0/1 arrays) = hole;
+        None uses the image's alpha channel (transparent = hole). Only hole pixels
+        change; the result is RGB, L or 16-bit (I;16) like the input's family.
+        """
+        pil_image = to_pil_image(image, "image")
+        mask_array = load_mask(mask, pil_image)
+        return inpaint_images(
+            self.backend,
+            [(pil_image, mask_array)],
+            strategy=strategy or self.strategy,
+            batch_size=self.batch_size,
+            crop_margin=self.crop_margin,
+        )[0]

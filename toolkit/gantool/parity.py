@@ -21,9 +21,10 @@ import numpy as np
 import torch
 
 from gantool.config import ModelConfig
-from gantool.errors import ProviderError
+from gantool.errors import first_line
 from gantool.masks import generate_mask
 from gantool.processing import to_uint8
+from gantool.providers import cuda_device_visible, open_session
 
 Backend = Callable[[np.ndarray, np.ndarray], np.ndarray]
 CASE_MASKS = ("box", "free", "empty", "full")
@@ -235,32 +236,9 @@ def onnxruntime_backend(session: Any) -> Backend:
 
 def cuda_worth_trying() -> bool:
     """True when a CUDA device is plausibly there (no CUDA library is loaded to find out)."""
-    from gantool.runtime import cuda_device_visible
-
     return torch.cuda.is_available() or cuda_device_visible()
 
 
 def onnx_session(path: str | Path, cuda: bool = False) -> Any:
-    """An ORT session; with ``cuda`` it must really run on CUDA or ProviderError is raised."""
-    import onnxruntime as ort
-
-    if not cuda:
-        return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    from gantool.runtime import captured_native_output, failure_cause
-
-    # TF32 off: parity measures fp32 numerics; HEURISTIC: shapes change between cases.
-    cuda_options = {"cudnn_conv_algo_search": "HEURISTIC", "use_tf32": "0"}
-    with captured_native_output() as captured:
-        ort.preload_dlls()
-        session = ort.InferenceSession(
-            str(path), providers=[("CUDAExecutionProvider", cuda_options), "CPUExecutionProvider"]
-        )
-    if session.get_providers()[0] != "CUDAExecutionProvider":  # ORT falls back silently
-        raise ProviderError(f"ONNX Runtime could not load its CUDA provider: {failure_cause(captured.text, 'cuda')}")
-    return session
-
-
-def first_line(error: BaseException) -> str:
-    """The first line of an error message (at most 200 characters), for one-line reports."""
-    text = str(error).strip()
-    return text.splitlines()[0][:200] if text else type(error).__name__
+    """An ORT session on the CPU, or with ``cuda`` on CUDA with TF32 off (else ProviderError)."""
+    return open_session(path, "cuda" if cuda else "cpu", exact=True).session

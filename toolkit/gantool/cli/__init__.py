@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+from collections.abc import Callable
 
 import click
 
@@ -20,7 +21,7 @@ from gantool.errors import GantoolError
 # name -> (module, attribute, short help shown by `gantool --help`)
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "train": ("gantool.cli.train_cmd", "train", "Train a GLCIC inpainting GAN."),
-    "export": ("gantool.cli.export_cmd", "export", "Export a generator to ONNX and TorchScript."),
+    "export": ("gantool.cli.export_cmd", "export", "Export a generator to deployable formats."),
     "inpaint": ("gantool.cli.inpaint_cmd", "inpaint", "Fill the holes in images."),
     "info": ("gantool.cli.info_cmd", "info", "Show a model's or checkpoint's metadata."),
     "eval": ("gantool.cli.eval_cmd", "eval_", "Compare a model with classical inpainting."),
@@ -29,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
-def run_library_call(ctx: click.Context, invoke) -> object:
+def run_library_call(ctx: click.Context, invoke: Callable[[click.Context], object]) -> object:
     try:
         return invoke(ctx)
     except GantoolError as e:
@@ -50,15 +51,14 @@ class LazyGroup(click.Group):
         return sorted({*super().list_commands(ctx), *self.lazy})
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name in self.lazy:
-            module, attr, _ = self.lazy[name]
-            try:
-                return getattr(importlib.import_module(module), attr)
-            except ModuleNotFoundError as e:
-                if e.name == module:  # command not available in this build
-                    return None
-                raise
-        return super().get_command(ctx, name)
+        if name not in self.lazy:
+            return super().get_command(ctx, name)
+        module, attr, _ = self.lazy[name]
+        # A missing module or attribute is a packaging bug: raise it, never hide the command.
+        command = getattr(importlib.import_module(module), attr)
+        if not isinstance(command, click.Command):
+            raise TypeError(f"{module}.{attr} is not a click command")
+        return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, self.lazy[name][2]) for name in self.list_commands(ctx) if name in self.lazy]

@@ -7,6 +7,7 @@ import json
 import click
 
 from gantool.config import BENCH_TRAIN_BATCH, TrainConfig
+from gantool.constants import BACKENDS, DEFAULT_STRATEGY, STRATEGIES
 
 
 def echo_table(header: list[str], rows: list[list[str]]) -> None:
@@ -68,7 +69,7 @@ def _name_list(ctx: click.Context, param: click.Parameter, value: str) -> list[s
 @click.argument("model", required=False, metavar="[MODEL]")
 @click.option("--sizes", default="256,512", show_default=True, callback=_int_list, help="Square image sizes.")
 @click.option("--batch", "batches", default="1,8", show_default=True, callback=_int_list, help="Batch sizes.")
-@click.option("--backends", default="eager,torchscript,onnx", show_default=True, callback=_name_list,
+@click.option("--backends", default=",".join(BACKENDS[::-1]), show_default=True, callback=_name_list,
               help="Backends to time (torchscript is traced in memory when the model folder has none).")
 @click.option("--providers", default="auto", show_default=True, callback=_name_list,
               help="cpu, cuda, tensorrt; auto = cpu, plus cuda when a GPU is visible.")
@@ -77,7 +78,7 @@ def _name_list(ctx: click.Context, param: click.Parameter, value: str) -> list[s
 @click.option("--e2e-images", default=32, show_default=True,
               help="Images for the end-to-end file-loop measurement (0 skips it).")
 @click.option("--e2e-size", default=512, show_default=True)
-@click.option("--e2e-strategy", type=click.Choice(["auto", "full", "crop", "resize"]), default="auto",
+@click.option("--e2e-strategy", type=click.Choice(STRATEGIES), default=DEFAULT_STRATEGY,
               show_default=True, help="--strategy of the end-to-end measurement.")
 @click.option("--crop-check/--no-crop-check", default=True, show_default=True,
               help="Time --strategy crop on 2048 px with one 128 px hole against a 256 px image.")

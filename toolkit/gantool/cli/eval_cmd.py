@@ -7,8 +7,14 @@ from pathlib import Path
 
 import click
 
-from gantool.constants import MASK_KINDS
-from gantool.evaluate import DEFAULT_GRID_NAME
+from gantool.constants import (
+    BACKEND_CHOICES,
+    DEFAULT_BACKEND,
+    DEFAULT_EVAL_GRID,
+    DEFAULT_PROVIDER,
+    MASK_KINDS,
+    PROVIDERS,
+)
 
 HELP_EPILOG = """\b
 Examples:
@@ -22,7 +28,7 @@ Examples:
 @click.argument("model", required=False, metavar="[MODEL]")
 @click.option("--data", required=True, type=click.Path(path_type=Path),
               help="Folder of ground-truth images (searched recursively).")
-@click.option("--masks", type=click.Choice(MASK_KINDS), default="box", show_default=True,
+@click.option("--masks", type=click.Choice(MASK_KINDS), default=MASK_KINDS[0], show_default=True,
               help="Hole shapes (seeded: the same holes every run).")
 @click.option("--size", type=click.IntRange(min=16), default=256, show_default=True,
               help="Images are centre-cropped to squares of this size.")
@@ -32,12 +38,12 @@ Examples:
 @click.option("--count", type=click.IntRange(min=1), default=None, help="Use only the first N images.")
 @click.option("--masks-per-image", type=click.IntRange(min=1), default=1, show_default=True,
               help="Score each image with this many different holes.")
-@click.option("--grid", type=click.Path(dir_okay=False, path_type=Path), default=Path(DEFAULT_GRID_NAME),
+@click.option("--grid", type=click.Path(dir_okay=False, path_type=Path), default=Path(DEFAULT_EVAL_GRID),
               show_default=True, help="Comparison grid PNG: masked | Telea | Navier-Stokes | gantool | truth "
               "(never inside --data; eval's own grids found there are not scored).")
 @click.option("--no-grid", is_flag=True, help="Do not write the grid.")
-@click.option("--provider", type=click.Choice(["auto", "cuda", "tensorrt", "cpu"]), default="auto", show_default=True)
-@click.option("--backend", type=click.Choice(["auto", "onnx", "torchscript", "eager"]), default="auto", show_default=True)
+@click.option("--provider", type=click.Choice(PROVIDERS), default=DEFAULT_PROVIDER, show_default=True)
+@click.option("--backend", type=click.Choice(BACKEND_CHOICES), default=DEFAULT_BACKEND, show_default=True)
 @click.option("--overwrite", is_flag=True, help="Replace an existing grid file (never an input image).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (means and per-image values).")
 def eval_(model: str | None, data: Path, grid: Path, no_grid: bool, as_json: bool, **options) -> None:

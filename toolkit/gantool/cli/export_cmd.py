@@ -6,8 +6,7 @@ from pathlib import Path
 
 import click
 
-from gantool.export import FORMATS, ParityError, export_generator, find_latest_checkpoint
-from gantool.parity import summary_lines
+from gantool.artifacts import ARTIFACT, EXPORT_FORMATS
 
 
 def _size(num_bytes: int) -> str:
@@ -16,14 +15,16 @@ def _size(num_bytes: int) -> str:
 
 @click.command("export")
 @click.argument("checkpoint", required=False, type=click.Path(path_type=Path))
-@click.option("--onnx", "want_onnx", is_flag=True, help="Write generator.onnx (default: both formats).")
-@click.option("--torchscript", "want_torchscript", is_flag=True, help="Write generator.torchscript.pt.")
+@click.option("--onnx", "want_onnx", is_flag=True, help=f"Write {ARTIFACT['onnx'].filename} (default: all formats).")
+@click.option("--torchscript", "want_torchscript", is_flag=True, help=f"Write {ARTIFACT['torchscript'].filename}.")
 @click.option(
     "-o", "--out-dir", type=click.Path(path_type=Path, file_okay=False),
     help="Output folder [default: <run>/export beside the checkpoints folder].",
 )  # fmt: skip
 @click.option("--opset", type=int, default=None, help="ONNX opset [default: the exporter's choice].")
-@click.option("--fp16", is_flag=True, help="Also write generator_fp16.onnx (fp16 body, float32 I/O, for GPUs).")
+@click.option(
+    "--fp16", is_flag=True, help=f"Also write {ARTIFACT['onnx_fp16'].filename} (fp16 body, float32 I/O, for GPUs)."
+)
 @click.option("--no-verify", is_flag=True, help="Skip the parity check against eager PyTorch.")
 @click.option("--atol", type=float, default=1e-4, show_default=True, help="Max abs error allowed for fp32 backends.")
 @click.option("--overwrite", is_flag=True, help="Replace existing files in the output folder.")
@@ -49,13 +50,16 @@ def export(
     sweep compares eager PyTorch, TorchScript and ONNX Runtime over batch sizes,
     image sizes and mask kinds; a failed check writes nothing and exits 1.
     """
+    from gantool.export import ParityError, export_generator, find_latest_checkpoint  # delayed: imports torch
+    from gantool.parity import summary_lines
+
     if checkpoint is None:
         checkpoint = find_latest_checkpoint("runs")
         click.echo(f"Using the newest checkpoint: {checkpoint}")
     chosen = [name for name, wanted in (("onnx", want_onnx), ("torchscript", want_torchscript)) if wanted]
     try:
         result = export_generator(
-            checkpoint, out_dir, formats=chosen or tuple(FORMATS), opset=opset, fp16=fp16,
+            checkpoint, out_dir, formats=chosen or EXPORT_FORMATS, opset=opset, fp16=fp16,
             verify=not no_verify, atol=atol, overwrite=overwrite, cuda=cuda,
         )  # fmt: skip
     except ParityError as e:

@@ -8,7 +8,6 @@ from typing import Any
 
 import click
 
-from gantool.modelinfo import describe_file
 
 
 def _value(value: Any) -> str:
@@ -20,6 +19,8 @@ def _value(value: Any) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def info(file: Path, as_json: bool) -> None:
     """Show FILE's metadata (.onnx, .torchscript.pt, .safetensors) or a checkpoint's summary."""
+    from gantool.export import describe_file  # delayed: imports torch
+
     description = describe_file(file)
     if as_json:
         click.echo(json.dumps(description, indent=2, default=str))

@@ -1,20 +1,33 @@
-"""``gantool inpaint``: parse options, call gantool.inference, print."""
+"""``gantool inpaint``: parse options, call :func:`gantool.pipeline.run_inpaint`, print."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 
 import click
 
+from gantool.constants import (
+    AUTO_CROP_FACTOR,
+    BACKEND_CHOICES,
+    DEFAULT_BACKEND,
+    DEFAULT_INPAINT_BATCH,
+    DEFAULT_PRECISION,
+    DEFAULT_PROVIDER,
+    DEFAULT_STRATEGY,
+    PRECISIONS,
+    PROVIDERS,
+    STRATEGIES,
+)
 from gantool.errors import InputError
 
-STRATEGY_HELP = "auto: crop when max(H, W) > 2 x the model's train size, else full."
+STRATEGY_HELP = f"auto: crop when max(H, W) > {AUTO_CROP_FACTOR} x the model's train size, else full."
 
 
 def _parse_boxes(
     ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 ) -> list[tuple[int, int, int, int]]:
-    from gantool.inference import parse_box
+    from gantool.inference import parse_box  # delayed: imports numpy and PIL
 
     try:
         return [parse_box(v) for v in values]
@@ -33,17 +46,17 @@ def _parse_boxes(
               "Default: the model in models/.")
 @click.option("-o", "--output", metavar="FILE|DIR",
               help="Output folder (default: beside each input), or a .png file for a single image.")
-@click.option("--provider", type=click.Choice(["auto", "cuda", "tensorrt", "cpu"]), default="auto",
+@click.option("--provider", type=click.Choice(PROVIDERS), default=DEFAULT_PROVIDER,
               show_default=True, help="Where to run; cuda/tensorrt fail instead of falling back to the CPU.")
-@click.option("--backend", type=click.Choice(["auto", "onnx", "torchscript", "eager"]), default="auto",
+@click.option("--backend", type=click.Choice(BACKEND_CHOICES), default=DEFAULT_BACKEND,
               show_default=True, help="auto: from the model file (onnx for an export folder).")
-@click.option("--batch-size", type=click.IntRange(min=1), default=4, show_default=True,
+@click.option("--batch-size", type=click.IntRange(min=1), default=DEFAULT_INPAINT_BATCH, show_default=True,
               help="Same-size images run together, up to this many.")
-@click.option("--strategy", type=click.Choice(["auto", "full", "crop", "resize"]), default="auto",
+@click.option("--strategy", type=click.Choice(STRATEGIES), default=DEFAULT_STRATEGY,
               show_default=True, help=STRATEGY_HELP)
 @click.option("--crop-margin", type=click.IntRange(min=0), default=None,
               help="Context in pixels around each hole for --strategy crop (default: train size / 4).")
-@click.option("--precision", type=click.Choice(["auto", "fp32", "fp16"]), default="auto", show_default=True,
+@click.option("--precision", type=click.Choice(PRECISIONS), default=DEFAULT_PRECISION, show_default=True,
               help="auto: the exported fp16 ONNX model on the GPU when there is one.")
 @click.option("--overwrite", is_flag=True, help="Replace existing outputs (inputs are never replaced).")
 def inpaint(
@@ -69,25 +82,28 @@ def inpaint(
     """
     from tqdm import tqdm
 
-    from gantool.inference import FileResult, MaskSource, collect_images, inpaint_files, plan_jobs
-    from gantool.runtime import load_backend
+    from gantool.pipeline import FileResult, ImageJob, run_inpaint  # delayed: imports numpy, onnxruntime
+    from gantool.runtime import Backend
 
-    masks = MaskSource(mask, boxes)
-    # The mask (file or folder) may sit inside an input folder: it is not an input.
-    found = collect_images(images, skip=[masks.path] if masks.path is not None else [])
-    jobs = plan_jobs(found, output)
-    runner = load_backend(model, provider=provider, backend=backend, precision=precision)
-    click.echo(f"provider: {runner.provider} ({runner.provider_note}); backend: {runner.name}; model: {runner.path}")
+    with tqdm(total=0, unit="img", file=sys.stderr, disable=None, leave=False) as bar:
 
-    with tqdm(total=len(jobs), unit="img", file=sys.stderr, disable=None, leave=False) as bar:
+        def on_start(runner: Backend, jobs: Sequence[ImageJob]) -> None:
+            click.echo(
+                f"provider: {runner.provider} ({runner.provider_note}); backend: {runner.name}; model: {runner.path}"
+            )
+            bar.reset(total=len(jobs))
+
         def on_result(result: FileResult) -> None:
             if not result.ok:
                 bar.write(f"failed: {result.error}", file=sys.stderr)
             bar.update(1)
 
-        summary = inpaint_files(runner, jobs, masks, strategy=strategy, batch_size=batch_size,
-                                crop_margin=crop_margin, overwrite=overwrite, on_result=on_result)
-    if len(jobs) == 1 and summary.results[0].ok:
+        summary = run_inpaint(
+            images, model=model, provider=provider, backend_name=backend, precision=precision, mask=mask,
+            boxes=boxes, output=output, strategy=strategy, batch_size=batch_size, crop_margin=crop_margin,
+            overwrite=overwrite, on_start=on_start, on_result=on_result,
+        )  # fmt: skip
+    if len(summary.results) == 1 and summary.results[0].ok:
         click.echo(f"wrote {summary.results[0].output}")
     click.echo(summary.line())
     if summary.failed:

@@ -1,0 +1,280 @@
+"""What an export folder holds, what each file is, and the metadata every file carries.
+
+This module owns three facts that the exporter, the loader and ``gantool info``
+all read:
+
+- :data:`ARTIFACTS`: one row per file ``gantool export`` can write (file name,
+  kind, precision, which backend opens it). The exporter writes from this
+  table and :func:`resolve_model` finds a model in a folder from it; a new
+  format is a new row, not a new branch.
+- the ``gantool.*`` metadata keys (``META_*``), and :func:`read_model_metadata`;
+- :func:`model_kind`: the one test of what a file is (ONNX, TorchScript,
+  safetensors weights or a training checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gantool.config import ModelConfig
+from gantool.constants import BACKEND_CHOICES, BACKENDS
+from gantool.errors import InputError, ModelError, choice_error, first_line
+
+log = logging.getLogger(__name__)
+
+# ----------------------------------------------------------------------------- metadata keys
+
+META_PREFIX = "gantool."
+META_VERSION = "gantool.version"
+META_MODEL_CONFIG = "gantool.model_config"  # JSON of ModelConfig
+META_PROCESSING = "gantool.processing"  # JSON of the processing contract
+META_TRAIN_STEP = "gantool.train_step"
+META_TRAIN_PHASE = "gantool.train_phase"
+META_WEIGHTS_SHA256 = "gantool.weights_sha256"  # of the unfolded generator weights
+META_PRECISION = "gantool.precision"
+META_SOURCE = "gantool.source"  # the checkpoint's file name
+META_EXPORTED_AT = "gantool.exported_at"
+META_TORCH_VERSION = "gantool.torch_version"
+# TorchScript keeps metadata as an extra file inside its archive.
+TORCHSCRIPT_METADATA_ENTRY = "gantool_metadata.json"
+
+# ----------------------------------------------------------------------------- the table
+
+# What a file is (model_kind): the loader's first question.
+KIND_ONNX, KIND_TORCHSCRIPT, KIND_SAFETENSORS, KIND_CHECKPOINT, KIND_REPORT = (
+    "onnx",
+    "torchscript",
+    "safetensors",
+    "checkpoint",
+    "report",
+)
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One file an export can hold."""
+
+    key: str  # the name used in reports and ExportResult.paths
+    filename: str
+    kind: str  # a KIND_* value
+    precision: str | None  # fp32 / fp16; None for non-model files
+    backend: str | None  # the backend that opens it; None for non-model files
+    options: frozenset[str] = frozenset()  # `gantool export` options that apply to this format
+
+
+ARTIFACTS: tuple[Artifact, ...] = (
+    Artifact("onnx", "generator.onnx", KIND_ONNX, "fp32", "onnx", frozenset({"opset", "fp16"})),
+    Artifact("onnx_fp16", "generator_fp16.onnx", KIND_ONNX, "fp16", "onnx", frozenset({"opset"})),
+    Artifact("torchscript", "generator.torchscript.pt", KIND_TORCHSCRIPT, "fp32", "torchscript"),
+    Artifact("safetensors", "generator.safetensors", KIND_SAFETENSORS, "fp32", "eager"),
+    Artifact("report", "export_report.json", KIND_REPORT, None, None),
+)
+ARTIFACT = {a.key: a for a in ARTIFACTS}
+# Formats a user picks with `gantool export --onnx/--torchscript`; the others follow from options
+# (fp16 with --fp16) or are always written (the safetensors weights and the report).
+EXPORT_FORMATS = ("onnx", "torchscript")
+ALWAYS_WRITTEN = ("safetensors", "report")
+# Inside a run folder, the newest checkpoint is the eager model.
+RUN_EXPORT_DIR = "export"
+RUN_CHECKPOINT = Path("checkpoints") / "last.pt"
+
+
+def model_artifacts(backend: str, precision: str = "fp32") -> list[Artifact]:
+    """The files ``backend`` can open at ``precision``, in the table's order."""
+    return [a for a in ARTIFACTS if a.backend == backend and a.precision == precision]
+
+
+def export_files(folder: str | Path) -> dict[str, Path]:
+    """The table's files present in ``folder``: key -> path."""
+    folder = Path(folder)
+    return {a.key: folder / a.filename for a in ARTIFACTS if (folder / a.filename).is_file()}
+
+
+# ----------------------------------------------------------------------------- what a file is
+
+
+def _zip_names(path: Path) -> list[str]:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return []
+
+
+def model_kind(path: str | Path) -> str:
+    """What ``path`` is: a KIND_* value, judged by its name and, for ``.pt``, its content.
+
+    TorchScript archives carry compiled code (``*/code/`` entries); ``torch.save``
+    checkpoints do not. Raises ModelError for anything else.
+    """
+    path = Path(path)
+    name = path.name.lower()
+    if name.endswith(".onnx"):
+        return KIND_ONNX
+    if name.endswith(".safetensors"):
+        return KIND_SAFETENSORS
+    if name.endswith(".json"):
+        return KIND_REPORT
+    if name.endswith((".pt", ".pth")):
+        names = _zip_names(path)
+        if any("/code/" in n or n.endswith(f"/extra/{TORCHSCRIPT_METADATA_ENTRY}") for n in names):
+            return KIND_TORCHSCRIPT
+        return KIND_CHECKPOINT
+    raise ModelError(f"{path}: unknown model type (expected .onnx, .pt or .safetensors)")
+
+
+BACKEND_OF_KIND = {KIND_ONNX: "onnx", KIND_TORCHSCRIPT: "torchscript", KIND_SAFETENSORS: "eager", KIND_CHECKPOINT: "eager"}
+
+
+# ----------------------------------------------------------------------------- finding a model
+
+# Where the shipped model lives: models/ at the repository root (next to
+# toolkit/), or packaged inside gantool/models/.
+DEFAULT_MODEL_DIRS = (
+    Path(__file__).resolve().parents[2] / "models",
+    Path(__file__).resolve().parent / "models",
+)
+NO_MODEL_HELP = (
+    "no model given and none shipped in models/: train one with `gantool train --out runs/<run> ...`, "
+    "export it with `gantool export runs/<run>/checkpoints/last.pt`, then pass --model runs/<run>/export"
+)
+
+
+def default_model_dir() -> Path | None:
+    """The folder of the model shipped with gantool, or None while there is none."""
+    for folder in DEFAULT_MODEL_DIRS:
+        if any((folder / a.filename).is_file() for a in ARTIFACTS if a.backend is not None):
+            return folder
+    return None
+
+
+def _folder_candidates(folder: Path, backend: str) -> list[Path]:
+    names = [sub / a.filename for sub in (folder, folder / RUN_EXPORT_DIR) for a in model_artifacts(backend)]
+    if backend == "eager":  # a run folder: the latest training checkpoint
+        names.append(folder / RUN_CHECKPOINT)
+    return names
+
+
+def resolve_model(model: str | Path | None, backend: str = "auto") -> tuple[Path, str]:
+    """Find the model file for ``backend`` and the backend to use.
+
+    ``model`` may be a model file, an export folder, a run folder (its export,
+    else its newest checkpoint), or None for the shipped model. ``backend="auto"``
+    picks from the file, and in a folder takes the first of :data:`BACKENDS`
+    that has a file.
+    """
+    if backend not in BACKEND_CHOICES:
+        raise choice_error("backend", backend, BACKEND_CHOICES)
+    if model is None:
+        folder = default_model_dir()
+        if folder is None:
+            raise ModelError(NO_MODEL_HELP)
+        path = folder
+    else:
+        path = Path(model).expanduser()
+        if not path.exists():
+            raise ModelError(f"model not found: {path}")
+    if path.is_dir():
+        wanted = BACKENDS if backend == "auto" else (backend,)
+        for name in wanted:
+            for candidate in _folder_candidates(path, name):
+                if candidate.is_file():
+                    return candidate, name
+        expected = " or ".join(a.filename for name in wanted for a in model_artifacts(name))
+        raise ModelError(f"no model in {path}: expected {expected} (from `gantool export`)")
+    if not path.is_file():
+        raise InputError(f"not a regular file: {path}")
+    detected = BACKEND_OF_KIND.get(model_kind(path))
+    if detected is None:
+        raise ModelError(f"{path} is not a model file")
+    if backend == "auto" or backend == detected:
+        return path, detected
+    if backend == "eager" and detected == "torchscript":
+        raise ModelError(f"{path} is a TorchScript model: use --backend torchscript")
+    raise ModelError(f"{path} is not a model for the {backend} backend (it is one for {detected})")
+
+
+# ----------------------------------------------------------------------------- reading metadata
+
+
+def read_model_metadata(path: str | Path) -> dict[str, str]:
+    """The gantool metadata of a .onnx, TorchScript (.pt) or .safetensors file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(f"model file not found: {path}")
+    kind = model_kind(path)
+    if kind == KIND_ONNX:
+        meta = _onnx_metadata(path)
+    elif kind == KIND_SAFETENSORS:
+        meta = _safetensors_metadata(path)
+    elif kind == KIND_TORCHSCRIPT:
+        meta = _torchscript_metadata(path)
+    else:
+        raise ModelError(f"{path} is not an ONNX, TorchScript or safetensors model")
+    if not any(key.startswith(META_PREFIX) for key in meta):
+        raise ModelError(f"{path} carries no gantool metadata (not exported by gantool)")
+    return meta
+
+
+def _onnx_metadata(path: Path) -> dict[str, str]:
+    import onnx  # delayed: heavy import
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # protobuf raises its own DecodeError for corrupt files
+        raise ModelError(f"{path} is not a readable ONNX model ({first_line(e)})") from None
+    return {prop.key: prop.value for prop in model.metadata_props}
+
+
+def _safetensors_metadata(path: Path) -> dict[str, str]:
+    import safetensors  # delayed: imports torch for framework="pt"
+
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except Exception as e:  # safetensors raises its own error types for corrupt headers
+        raise ModelError(f"{path} is not a readable safetensors file ({first_line(e)})") from None
+
+
+def _torchscript_metadata(path: Path) -> dict[str, str]:
+    # Read the zip entry directly: no need to load (and run the code of) the module.
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = [n for n in archive.namelist() if n.endswith(f"/extra/{TORCHSCRIPT_METADATA_ENTRY}")]
+            if not names:
+                raise ModelError(f"{path} carries no gantool metadata (not a gantool TorchScript export)")
+            return {str(k): str(v) for k, v in json.loads(archive.read(names[0])).items()}
+    except (zipfile.BadZipFile, json.JSONDecodeError, TypeError, ValueError, AttributeError, OSError) as e:
+        raise ModelError(f"{path} is not a readable TorchScript file ({first_line(e)})") from None
+
+
+def decode_metadata(meta: dict[str, str]) -> dict[str, Any]:
+    """Metadata with its JSON values (model config, processing contract) decoded."""
+    decoded: dict[str, Any] = {}
+    for key, value in meta.items():
+        try:
+            decoded[key] = json.loads(value) if value[:1] in "{[" else value
+        except json.JSONDecodeError:
+            decoded[key] = value
+    return decoded
+
+
+def config_from_metadata(meta: dict[str, str], source: str | Path) -> ModelConfig:
+    """The :class:`~gantool.config.ModelConfig` a model file carries (defaults, with a warning, when none)."""
+    text = meta.get(META_MODEL_CONFIG)
+    if text is None:
+        log.warning("%s has no gantool metadata; assuming the default model config", source)
+        return ModelConfig()
+    try:
+        return ModelConfig.from_dict(json.loads(text))
+    except (ValueError, TypeError, AttributeError) as e:
+        raise ModelError(f"{source}: unreadable {META_MODEL_CONFIG} metadata ({first_line(e)})") from None
+
+
+# What `gantool info` shows of a checkpoint's training config.
+CHECKPOINT_TRAIN_KEYS = ("data", "size", "batch_size", "steps_g", "steps_d", "steps_joint", "lr", "mask", "seed")
