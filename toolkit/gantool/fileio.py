@@ -65,7 +65,7 @@ def remove_stale_temp_files(folder: str | Path) -> list[Path]:
     A temp file of a live process (another writer working now) is kept, unless
     it is older than :data:`STALE_TMP_SECONDS`. Returns what was removed.
     """
-    removed = []
+    removed: list[Path] = []
     now = time.time()
     try:
         entries = list(os.scandir(folder))
