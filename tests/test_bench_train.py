@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
-
 from gantool.cli import cli
+from gantool.config import TrainConfig
 
 
 def test_bench_train_json_reports_both_loops_and_their_ratio():
@@ -30,11 +31,6 @@ def test_bench_train_table_and_bad_size():
     assert ok.exit_code == 0 and "| gantool |" in ok.output and "speed-up" not in ok.output
     bad = runner.invoke(cli, ["bench", "train", "--size", "30", "--device", "cpu"])
     assert bad.exit_code != 0 and "multiple of 4" in bad.output and "Traceback" not in bad.output
-
-
-import pytest  # noqa: E402
-
-from gantool.config import TrainConfig  # noqa: E402
 
 
 @pytest.mark.parametrize(

@@ -5,27 +5,57 @@ from __future__ import annotations
 
 import math
 
+import gantool.train as train_module
 import pytest
 import tomli_w
 from click.testing import CliRunner
-
-import gantool.train as train_module
 from gantool.cli import cli
 from gantool.config import FIELD_RULES, TrainConfig, check_options, read_toml
 from gantool.errors import InputError
 
-TINY = dict(size=32, local_size=16, width=4, disc_width=2, disc_fc=8, batch_size=4, steps_g=1, steps_d=1,
-            steps_joint=1, workers=0, val_images=1)
+TINY = {
+    "size": 32,
+    "local_size": 16,
+    "width": 4,
+    "disc_width": 2,
+    "disc_fc": 8,
+    "batch_size": 4,
+    "steps_g": 1,
+    "steps_d": 1,
+    "steps_joint": 1,
+    "workers": 0,
+    "val_images": 1,
+}
 BAD_KINDS = ("wrong_type", "negative", "zero", "nan", "huge")
 
 # What a TOML file gives for each kind of bad value, by the key's kind.
-SCALAR = {"wrong_type": "abc", "negative": -1, "zero": 0, "nan": math.nan, "huge": 10**15}
-FLOATS = {"wrong_type": "abc", "negative": -1.0, "zero": 0.0, "nan": math.nan, "huge": 1e300}
+SCALAR = {
+    "wrong_type": "abc",
+    "negative": -1,
+    "zero": 0,
+    "nan": math.nan,
+    "huge": 10**15,
+}
+FLOATS = {
+    "wrong_type": "abc",
+    "negative": -1.0,
+    "zero": 0.0,
+    "nan": math.nan,
+    "huge": 1e300,
+}
 TEXTS = {"wrong_type": 5, "negative": -1, "zero": 0, "nan": math.nan, "huge": 1e300}
 # The only (key, kind) pairs that are valid values; every other one must be refused.
-ACCEPTED_TOML = {("steps_g", "zero"), ("steps_d", "zero"), ("steps_joint", "zero"), ("seed", "zero"),
-                 ("workers", "zero"), ("alpha", "zero"), ("recon_weight", "zero"), ("betas", "zero"),
-                 ("fill", "zero")}
+ACCEPTED_TOML = {
+    ("steps_g", "zero"),
+    ("steps_d", "zero"),
+    ("steps_joint", "zero"),
+    ("seed", "zero"),
+    ("workers", "zero"),
+    ("alpha", "zero"),
+    ("recon_weight", "zero"),
+    ("betas", "zero"),
+    ("fill", "zero"),
+}
 # On the command line every value is text; a folder name like "0" or "nan" is a valid --out.
 ACCEPTED_CLI = ACCEPTED_TOML | {("out", kind) for kind in BAD_KINDS}
 
@@ -36,19 +66,33 @@ def toml_value(key: str, kind: str):
         n = 2 if rule == "pair" else 3
         return "abc" if kind == "wrong_type" else [FLOATS[kind]] * n
     if rule in ("str", "bool"):
-        return TEXTS[kind] if rule == "str" else SCALAR[kind] if kind != "wrong_type" else "yes"
+        return (
+            TEXTS[kind]
+            if rule == "str"
+            else SCALAR[kind]
+            if kind != "wrong_type"
+            else "yes"
+        )
     return (FLOATS if rule.startswith("float") else SCALAR)[kind]
 
 
 def cli_args(key: str, kind: str) -> list[str]:
     flag = "--" + key.replace("_", "-")
-    text = {"wrong_type": "abc", "negative": "-1", "zero": "0", "nan": "nan", "huge": "1000000000000000"}[kind]
+    text = {
+        "wrong_type": "abc",
+        "negative": "-1",
+        "zero": "0",
+        "nan": "nan",
+        "huge": "1000000000000000",
+    }[kind]
     if FIELD_RULES[key][0].startswith("float") or key in ("betas", "fill"):
         text = {"huge": "1e300"}.get(kind, text)
     rule = FIELD_RULES[key][0].rstrip("?")
     if rule in ("pair", "rgb"):
         return [flag, *[text] * (2 if rule == "pair" else 3)]
-    return [f"{flag}={text}"]  # also for flags: "--amp=0" is refused, as it takes no value
+    return [
+        f"{flag}={text}"
+    ]  # also for flags: "--amp=0" is refused, as it takes no value
 
 
 @pytest.fixture
@@ -71,8 +115,14 @@ def assert_refused(result, key: str, tmp_path, before: set[str]) -> None:
     assert result.exit_code != 0, result.output
     assert "Traceback" not in result.output
     assert len(lines) == 1, result.output
-    assert key in lines[0] or flag in lines[0] or (key == "data" and "data folder" in lines[0]), lines[0]
-    assert {p.name for p in tmp_path.iterdir()} == before, "a run folder was left behind"
+    assert (
+        key in lines[0]
+        or flag in lines[0]
+        or (key == "data" and "data folder" in lines[0])
+    ), lines[0]
+    assert {p.name for p in tmp_path.iterdir()} == before, (
+        "a run folder was left behind"
+    )
 
 
 @pytest.mark.parametrize("kind", BAD_KINDS)
@@ -83,7 +133,9 @@ def test_every_toml_key_with_bad_values(key, kind, tmp_path, no_training):
     config = tmp_path / "train.toml"
     config.write_text(tomli_w.dumps(settings), encoding="utf-8")
     before = {p.name for p in tmp_path.iterdir()}
-    result = CliRunner().invoke(cli, ["train", "--config", str(config), "--quiet"], catch_exceptions=False)
+    result = CliRunner().invoke(
+        cli, ["train", "--config", str(config), "--quiet"], catch_exceptions=False
+    )
     if (key, kind) in ACCEPTED_TOML:
         assert result.exit_code == 0, result.output
         assert getattr(no_training[0], key) == check_options({key: settings[key]})[key]
@@ -95,11 +147,18 @@ def test_every_toml_key_with_bad_values(key, kind, tmp_path, no_training):
 @pytest.mark.parametrize("kind", BAD_KINDS)
 @pytest.mark.parametrize("key", list(FIELD_RULES))
 def test_every_option_with_bad_values(key, kind, tmp_path, no_training):
-    args = [arg for k, v in TINY.items() if k != key for arg in (f"--{k.replace('_', '-')}={v}",)]
+    args = [
+        arg
+        for k, v in TINY.items()
+        if k != key
+        for arg in (f"--{k.replace('_', '-')}={v}",)
+    ]
     if key != "out":
         args.append("--out=run")
     before = {p.name for p in tmp_path.iterdir()}
-    result = CliRunner().invoke(cli, ["train", *args, *cli_args(key, kind), "--quiet"], catch_exceptions=False)
+    result = CliRunner().invoke(
+        cli, ["train", *args, *cli_args(key, kind), "--quiet"], catch_exceptions=False
+    )
     if (key, kind) in ACCEPTED_CLI:
         assert result.exit_code == 0, result.output
         assert len(no_training) == 1
@@ -141,7 +200,9 @@ def test_every_config_key_has_a_rule_and_an_option():
 def test_toml_mistakes_are_one_clear_line(tmp_path, no_training, text, fragment):
     config = tmp_path / "bad.toml"
     config.write_text(text, encoding="utf-8")
-    result = CliRunner().invoke(cli, ["train", "--config", str(config), "--quiet"], catch_exceptions=False)
+    result = CliRunner().invoke(
+        cli, ["train", "--config", str(config), "--quiet"], catch_exceptions=False
+    )
     assert result.exit_code != 0
     lines = [line for line in result.output.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and fragment in lines[0], result.output
@@ -153,8 +214,14 @@ def test_non_utf8_toml_is_one_line(tmp_path, no_training):
     config.write_bytes("data = 'caf\u00e9'\n".encode("latin-1"))
     with pytest.raises(InputError, match="not UTF-8"):
         read_toml(config)
-    result = CliRunner().invoke(cli, ["train", "--config", str(config)], catch_exceptions=False)
-    assert result.exit_code != 0 and "not UTF-8" in result.output and "Traceback" not in result.output
+    result = CliRunner().invoke(
+        cli, ["train", "--config", str(config)], catch_exceptions=False
+    )
+    assert (
+        result.exit_code != 0
+        and "not UTF-8" in result.output
+        and "Traceback" not in result.output
+    )
     assert not (tmp_path / "runs").exists()
 
 
@@ -171,7 +238,9 @@ def test_non_utf8_toml_is_one_line(tmp_path, no_training):
     ],
 )
 def test_option_mistakes_are_one_clear_line(tmp_path, no_training, args, fragment):
-    result = CliRunner().invoke(cli, ["train", *args, "--quiet"], catch_exceptions=False)
+    result = CliRunner().invoke(
+        cli, ["train", *args, "--quiet"], catch_exceptions=False
+    )
     assert result.exit_code != 0
     lines = [line for line in result.output.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and fragment in lines[0], result.output
@@ -189,6 +258,14 @@ def test_library_checks_a_mapping_before_anything_runs(tmp_path):
 def test_cli_defaults_come_from_train_config():
     help_text = CliRunner().invoke(cli, ["train", "--help"], terminal_width=200).output
     defaults = TrainConfig()
-    for name in ("steps_g", "steps_d", "steps_joint", "batch_size", "size", "local_size", "checkpoint_every"):
+    for name in (
+        "steps_g",
+        "steps_d",
+        "steps_joint",
+        "batch_size",
+        "size",
+        "local_size",
+        "checkpoint_every",
+    ):
         assert f"[default: {getattr(defaults, name)}]" in help_text, name
     assert "[default: box]" in help_text and "box|free|mixed" in help_text

@@ -49,7 +49,9 @@ _LEGACY_MARKS = (CHECKPOINTS, "config.toml", METRICS_FILE)
 def is_run_folder(folder: str | Path) -> bool:
     """Whether ``folder`` is a gantool run (has the run file, or is a run made before it)."""
     folder = Path(folder)
-    return (folder / RUN_FILE).is_file() or all((folder / name).exists() for name in _LEGACY_MARKS)
+    return (folder / RUN_FILE).is_file() or all(
+        (folder / name).exists() for name in _LEGACY_MARKS
+    )
 
 
 def run_of_checkpoint(checkpoint: str | Path) -> Path | None:
@@ -70,7 +72,9 @@ class RunPlan:
     parent: dict[str, Any] | None = None
 
 
-def plan_run_folder(out: str | None, resume: str | Path | None, state: dict[str, Any] | None) -> RunPlan:
+def plan_run_folder(
+    out: str | None, resume: str | Path | None, state: dict[str, Any] | None
+) -> RunPlan:
     """Decide the run folder without writing anything (raises a one-line InputError)."""
     own = run_of_checkpoint(resume) if resume is not None else None
     parent = None
@@ -91,8 +95,10 @@ def _continue_in(run: Path, resume: Path, state: dict[str, Any] | None) -> RunPl
     step = int(state["step"]) if state is not None else 0
     newest = newest_checkpoint_step(run, resume)
     if newest is not None and newest > step:
-        raise InputError(f"--resume {resume} is at step {step}, but its run {run} has a newer checkpoint "
-                         f"(step {newest}); to branch from step {step}, add --out NEW_FOLDER")
+        raise InputError(
+            f"--resume {resume} is at step {step}, but its run {run} has a newer checkpoint "
+            f"(step {newest}); to branch from step {step}, add --out NEW_FOLDER"
+        )
     return RunPlan(run, False)
 
 
@@ -104,7 +110,9 @@ def newest_checkpoint_step(run: Path, resume: Path) -> int | None:
     try:
         return int(load_checkpoint(last)["step"])
     except GantoolError as e:
-        log.warning("cannot read %s (%s); continuing from %s", last, first_line(e), resume)
+        log.warning(
+            "cannot read %s (%s); continuing from %s", last, first_line(e), resume
+        )
         return None
 
 
@@ -115,10 +123,16 @@ def _check_new_folder(target: Path) -> None:
         raise InputError(f"output path exists and is not a folder: {target}")
     if is_run_folder(target):
         last = target / CHECKPOINTS / LAST_CHECKPOINT
-        how = f"resume it with --resume {last}, or" if last.is_file() else "it has no checkpoint yet;"
+        how = (
+            f"resume it with --resume {last}, or"
+            if last.is_file()
+            else "it has no checkpoint yet;"
+        )
         raise InputError(f"{target} already holds a run; {how} choose another --out")
     if any(target.iterdir()):
-        raise InputError(f"{target} is not empty and is not a gantool run folder; choose a new or empty --out")
+        raise InputError(
+            f"{target} is not empty and is not a gantool run folder; choose a new or empty --out"
+        )
 
 
 def claim_run_folder(plan: RunPlan, now: datetime | None = None) -> Path:
@@ -139,19 +153,30 @@ def claim_run_folder(plan: RunPlan, now: datetime | None = None) -> Path:
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except FileExistsError:
-            raise InputError(f"output path exists and is not a folder: {folder}") from None
+            raise InputError(
+                f"output path exists and is not a folder: {folder}"
+            ) from None
         except OSError as e:
-            raise InputError(f"cannot create output folder {folder}: {e.strerror or e}") from None
+            raise InputError(
+                f"cannot create output folder {folder}: {e.strerror or e}"
+            ) from None
     record = {
-        "format": RUN_FORMAT, "version": 1, "gantool_version": __version__,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "parent": plan.parent,
+        "format": RUN_FORMAT,
+        "version": 1,
+        "gantool_version": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "parent": plan.parent,
     }
     try:
         fd = os.open(folder / RUN_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except FileExistsError:
-        raise InputError(f"{folder} already holds a run (another process claimed it); choose another --out") from None
+        raise InputError(
+            f"{folder} already holds a run (another process claimed it); choose another --out"
+        ) from None
     except OSError as e:
-        raise InputError(f"cannot write to run folder {folder}: {e.strerror or e}") from None
+        raise InputError(
+            f"cannot write to run folder {folder}: {e.strerror or e}"
+        ) from None
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(json.dumps(record, indent=2) + "\n")
     return folder.resolve()
@@ -170,9 +195,13 @@ def _make_default_folder(now: datetime) -> Path:
         except FileExistsError:
             continue
         except OSError as e:
-            raise InputError(f"cannot create output folder {folder}: {e.strerror or e}") from None
+            raise InputError(
+                f"cannot create output folder {folder}: {e.strerror or e}"
+            ) from None
         return folder
-    raise InputError(f"could not find a free run folder name {RUNS_ROOT / name}-N; use --out")
+    raise InputError(
+        f"could not find a free run folder name {RUNS_ROOT / name}-N; use --out"
+    )
 
 
 def read_run_file(folder: str | Path) -> dict[str, Any]:
@@ -202,7 +231,11 @@ def trim_metrics(path: Path, step: int) -> int:
             record = json.loads(line)
         except ValueError:
             continue  # a line torn by a kill
-        if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
+        if (
+            isinstance(record, dict)
+            and isinstance(record.get("step"), int)
+            and record["step"] <= step
+        ):
             kept.append(line)
     dropped = len(lines) - len(kept)
     if dropped:

@@ -28,19 +28,31 @@ Examples:
 DEFAULTS = TrainConfig()
 
 
-def config_option(name: str, help: str, show: str | bool = True, **kwargs: Any) -> Callable[[Any], Any]:
+def config_option(
+    name: str, help: str, show: str | bool = True, **kwargs: Any
+) -> Callable[[Any], Any]:
     """``--name`` for the TrainConfig field ``name``, its default taken from the dataclass."""
     flag = "--" + name.replace("_", "-")
     default = getattr(DEFAULTS, name)
     if default is None:  # decided at run time: say how instead of "None"
-        return click.option(flag, name, default=None, show_default=show, help=help, **kwargs)
-    return click.option(flag, name, default=default, show_default=show, help=help, **kwargs)
+        return click.option(
+            flag, name, default=None, show_default=show, help=help, **kwargs
+        )
+    return click.option(
+        flag, name, default=default, show_default=show, help=help, **kwargs
+    )
 
 
 def flag_option(name: str, help: str, show: str | bool = True) -> Callable[[Any], Any]:
     """``--name/--no-name`` for a boolean TrainConfig field."""
     flag = name.replace("_", "-")
-    return click.option(f"--{flag}/--no-{flag}", name, default=getattr(DEFAULTS, name), show_default=show, help=help)
+    return click.option(
+        f"--{flag}/--no-{flag}",
+        name,
+        default=getattr(DEFAULTS, name),
+        show_default=show,
+        help=help,
+    )
 
 
 class OneLineErrors(click.Command):
@@ -55,10 +67,18 @@ class OneLineErrors(click.Command):
 
 @click.command(cls=OneLineErrors, epilog=HELP_EPILOG)
 @config_option("data", "Image folder (recursive) or 'synthetic'.")
-@config_option("out", "Run folder: new or empty (an existing run is never written into, except by --resume).",
-               show="runs/<timestamp>", type=click.Path(file_okay=False))
-@click.option("--config", "config_file", type=click.Path(dir_okay=False),
-              help="TOML file of options (keys as below, e.g. batch_size = 8); command-line options override it.")
+@config_option(
+    "out",
+    "Run folder: new or empty (an existing run is never written into, except by --resume).",
+    show="runs/<timestamp>",
+    type=click.Path(file_okay=False),
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False),
+    help="TOML file of options (keys as below, e.g. batch_size = 8); command-line options override it.",
+)
 @config_option("size", "Training image size (multiple of 4).", type=int)
 @config_option("local_size", "Local discriminator crop; holes lie inside it.", type=int)
 @config_option("batch_size", "Global batch size.", type=int)
@@ -74,26 +94,41 @@ class OneLineErrors(click.Command):
 @config_option("alpha", "Adversarial loss weight.", type=float)
 @config_option("recon_weight", "Reconstruction loss weight.", type=float)
 @config_option("mask", "Hole shapes.", type=click.Choice(MASK_KINDS))
-@config_option("hole_min", "Smallest box hole side in pixels.", show="local_size/2", type=int)
-@config_option("hole_max", "Largest box hole side in pixels.", show="local_size", type=int)
+@config_option(
+    "hole_min", "Smallest box hole side in pixels.", show="local_size/2", type=int
+)
+@config_option(
+    "hole_max", "Largest box hole side in pixels.", show="local_size", type=int
+)
 @config_option("seed", "Seed for weights, data order, crops and masks.", type=int)
 @config_option("device", "auto, cpu, cuda or cuda:N.")
 @flag_option("amp", "bf16 autocast.", show="on for CUDA")
 @flag_option("channels_last", "channels_last memory format.", show="on for CUDA")
 @flag_option("compile", "torch.compile both networks.")
 @flag_option("sync_bn", "SyncBatchNorm across processes (torchrun).")
-@click.option("--resume", type=click.Path(dir_okay=False),
-              help="Continue exactly from a checkpoint, in its own run (or in a new --out).")
+@click.option(
+    "--resume",
+    type=click.Path(dir_okay=False),
+    help="Continue exactly from a checkpoint, in its own run (or in a new --out).",
+)
 @config_option("val_images", "Held-out validation images.", type=int)
-@config_option("sample_every", "Validate and save a sample grid every N steps.", type=int)
+@config_option(
+    "sample_every", "Validate and save a sample grid every N steps.", type=int
+)
 @config_option("checkpoint_every", "Checkpoint every N steps.", type=int)
 @flag_option("keep_checkpoints", "Also keep checkpoints/step_<N>.pt.")
 @config_option("log_every", "Append to metrics.jsonl every N steps.", type=int)
 @config_option("workers", "DataLoader worker processes.", type=int)
-@config_option("fill", "Pixel written into holes (R G B in [0, 1]).", show="mean pixel of the data",
-               type=(float, float, float))
+@config_option(
+    "fill",
+    "Pixel written into holes (R G B in [0, 1]).",
+    show="mean pixel of the data",
+    type=(float, float, float),
+)
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def train(config_file: str | None, resume: str | None, quiet: bool, **options: Any) -> None:
+def train(
+    config_file: str | None, resume: str | None, quiet: bool, **options: Any
+) -> None:
     """Train a GLCIC inpainting GAN with the fixed GAN loop.
 
     Phases: reconstruction only (--steps-g), discriminator only (--steps-d), then
@@ -112,7 +147,12 @@ def train(config_file: str | None, resume: str | None, quiet: bool, **options: A
     where = result.last_checkpoint or "(no checkpoint)"
     if result.interrupted:
         name = signal.Signals(result.stop_signal or signal.SIGINT).name
-        click.echo(f"interrupted at step {result.step} by {name}; checkpoint: {where}", err=True)
+        click.echo(
+            f"interrupted at step {result.step} by {name}; checkpoint: {where}",
+            err=True,
+        )
         click.echo(f"resume with: gantool train --resume {where}", err=True)
         sys.exit(result.exit_code)
-    click.echo(f"done: step {result.step} ({result.phase} phase); run folder {result.run_dir}; checkpoint {where}")
+    click.echo(
+        f"done: step {result.step} ({result.phase} phase); run folder {result.run_dir}; checkpoint {where}"
+    )
