@@ -436,3 +436,28 @@ def test_resume_drops_metrics_lines_past_the_checkpoint(tmp_path):
         f.write('{"step": 7, "pha')
     train({}, resume=half.last_checkpoint, progress=False)
     assert metric_steps(half.run_dir) == list(range(1, 9))
+
+
+def test_a_run_in_use_is_not_resumed_twice_and_a_dead_holders_lock_is_taken_over(tmp_path):
+    import socket
+
+    from gantool.runs import LOCK_FILE
+
+    cfg = tiny_train_config(out=str(tmp_path / "run"), steps_g=4, steps_d=0, steps_joint=0, checkpoint_every=2,
+                            sample_every=100)
+    half = train(cfg, stop_after=2, progress=False)
+    lock = half.run_dir / LOCK_FILE
+    assert not lock.exists()  # released when the run ended
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock.write_text(f"{socket.gethostname()} {sleeper.pid}\n")  # a live training process holds the run
+        before = run_files(half.run_dir)
+        with pytest.raises(InputError, match="in use by another training process"):
+            train({}, resume=half.last_checkpoint, progress=False)
+        assert run_files(half.run_dir) == before
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # The holder is gone (as after kill -9): its lock is stale and the resume goes on.
+    assert train({}, resume=half.last_checkpoint, progress=False).step == 4
+    assert not lock.exists()

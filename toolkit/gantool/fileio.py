@@ -49,7 +49,8 @@ def ensure_writable_dir(folder: str | Path) -> Path:
     return folder
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -84,7 +85,7 @@ def remove_stale_temp_files(folder: str | Path) -> list[Path]:
             continue
         if pid == os.getpid() and age < STALE_TMP_SECONDS:
             continue  # this process's own write in progress (another thread)
-        if pid is not None and _pid_alive(pid) and age < STALE_TMP_SECONDS:
+        if pid is not None and pid_alive(pid) and age < STALE_TMP_SECONDS:
             continue
         with contextlib.suppress(OSError):
             os.unlink(entry.path)

@@ -17,6 +17,11 @@ Resuming (:func:`plan_run_folder`):
 
 Continuing in a run drops the metrics lines past the checkpoint's step
 (:func:`trim_metrics`), so after a kill -9 no step is logged twice.
+
+While a run trains, its folder holds a lock file (:func:`lock_run_folder`): a
+second process resuming the same run is refused instead of mixing its
+checkpoints and metrics in. A lock left by a killed process (its pid is gone)
+is taken over.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,7 +39,7 @@ from typing import Any
 from gantool import __version__
 from gantool.checkpoint import load_checkpoint
 from gantool.errors import GantoolError, InputError, first_line
-from gantool.fileio import atomic_write_text
+from gantool.fileio import atomic_write_text, pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +49,7 @@ RUNS_ROOT = Path("runs")
 CHECKPOINTS = "checkpoints"
 LAST_CHECKPOINT = "last.pt"
 METRICS_FILE = "metrics.jsonl"
+LOCK_FILE = ".gantool-lock"
 # Runs made before the run file existed: these three together mark one.
 _LEGACY_MARKS = (CHECKPOINTS, "config.toml", METRICS_FILE)
 
@@ -242,3 +250,56 @@ def trim_metrics(path: Path, step: int) -> int:
         atomic_write_text(path, "".join(line + "\n" for line in kept))
         log.info("dropped %d metrics line(s) past step %d from %s", dropped, step, path)
     return dropped
+
+
+def lock_run_folder(folder: Path) -> Callable[[], None]:
+    """Mark ``folder`` as in use by this process; returns the function that releases it.
+
+    The lock file holds "<host> <pid>". A lock of a process that is gone (same
+    host) is stale and taken over; a live one (or one on another host, which
+    cannot be checked) is a one-line InputError saying how to clear it.
+    """
+    path = folder / LOCK_FILE
+    me = f"{socket.gethostname()} {os.getpid()}"
+    for attempt in range(2):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            try:
+                holder = path.read_text(encoding="utf-8", errors="replace").strip()
+            except OSError:
+                holder = ""
+            host, _, pid = holder.partition(" ")
+            stale = (
+                host == socket.gethostname()
+                and pid.isdigit()
+                and not pid_alive(int(pid))
+            )
+            if stale and attempt == 0:
+                log.info(
+                    "taking over the lock of a training process that is gone (%s) in %s",
+                    holder,
+                    folder,
+                )
+                path.unlink(missing_ok=True)
+                continue
+            raise InputError(
+                f"{folder} is in use by another training process ({holder or 'unknown'}); "
+                f"if none is running, delete {path}"
+            ) from None
+        except OSError as e:
+            raise InputError(
+                f"cannot write to run folder {folder}: {e.strerror or e}"
+            ) from None
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(me + "\n")
+        break
+
+    def release() -> None:
+        try:
+            if path.read_text(encoding="utf-8").strip() == me:
+                path.unlink()
+        except OSError:
+            pass
+
+    return release

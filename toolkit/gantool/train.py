@@ -55,7 +55,7 @@ from gantool.fileio import atomic_save, atomic_write_text, ensure_writable_dir
 from gantool.losses import discriminator_loss, generator_adversarial_loss, hole_mse, l1, psnr, ssim
 from gantool.networks import CompletionNetwork, ContextDiscriminator, crop_local
 from gantool.processing import to_uint8
-from gantool.runs import METRICS_FILE, RunPlan, claim_run_folder, plan_run_folder, trim_metrics
+from gantool.runs import METRICS_FILE, RunPlan, claim_run_folder, lock_run_folder, plan_run_folder, trim_metrics
 
 log = logging.getLogger(__name__)
 
@@ -382,20 +382,25 @@ def train(
     cfg, state, plan = prepare_run(cfg, resume)
     source = open_source(cfg.data, cfg.seed)  # a bad --data fails before a run folder exists
     dist = setup_distributed(cfg.device)
+    release = None
     try:
         device = dist.device or resolve_device(cfg.device)
-        run_dir = _claim_on_rank0(plan, dist)
+        run_dir, release = _claim_on_rank0(plan, dist)
         return _train(cfg.replace(out=str(run_dir)), state, run_dir, source, device, dist, stop_after, progress)
     finally:
+        if release is not None:
+            release()
         dist.shutdown()
 
 
-def _claim_on_rank0(plan: RunPlan, dist: DistributedContext) -> Path:
-    """Rank 0 makes the run folder; every rank gets its path (or its error)."""
-    run_dir, error = None, None
+def _claim_on_rank0(plan: RunPlan, dist: DistributedContext) -> tuple[Path, Any]:
+    """Rank 0 makes (or reuses) the run folder and locks it; every rank gets its path
+    (or its error). Returns the path and rank 0's lock release (None elsewhere)."""
+    run_dir, error, release = None, None, None
     if dist.is_main:
         try:
             run_dir = claim_run_folder(plan)
+            release = lock_run_folder(run_dir)
         except GantoolError as e:
             if not dist.enabled:
                 raise
@@ -403,7 +408,7 @@ def _claim_on_rank0(plan: RunPlan, dist: DistributedContext) -> Path:
     run_dir, error = dist.broadcast_object((run_dir, error))
     if error or run_dir is None:
         raise InputError(error or "the run folder could not be made")
-    return run_dir
+    return run_dir, release
 
 
 def _train(cfg: TrainConfig, state: dict[str, Any] | None, run_dir: Path, source: Any, device: torch.device,
