@@ -16,11 +16,11 @@ import torch
 from gantool.checkpoint import save_checkpoint
 from gantool.config import ModelConfig
 from gantool.networks import CompletionNetwork
+from tiny import TINY_CONFIG
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOOLKIT = REPO_ROOT / "toolkit"
 
-TINY_CONFIG = ModelConfig(width=4, disc_width=2, disc_fc=8, size=32, local_size=16)
 
 
 def random_generator(config: ModelConfig = TINY_CONFIG, seed: int = 0) -> CompletionNetwork:

@@ -21,20 +21,12 @@ from gantool.checkpoint import load_checkpoint
 from gantool.losses import discriminator_loss
 from gantool.networks import crop_local
 from gantool.train import amp_supported, autocast_for, cpu_has_native_bf16, generator_step, train, train_step
-from tiny import build_optimizers, tiny_batch, tiny_networks, tiny_train_config
+from tiny import build_optimizers, params, same, tiny_batch, tiny_networks, tiny_train_config
 import gantool.train as train_module
 
 CPU = torch.device("cpu")
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (torch.cuda.is_available() is False)")
-
-
-def params(module: torch.nn.Module) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in module.parameters()]
-
-
-def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return all(torch.equal(x, y) for x, y in zip(a, b))
 
 
 def cpu_flags() -> set[str] | None:

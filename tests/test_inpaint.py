@@ -146,8 +146,10 @@ def test_box_option_and_empty_mask(exported_model: ExportedModel, rgb_case: tupl
     empty = tmp_path / "empty.png"
     Image.new("L", (37, 23), 0).save(empty)
     result = invoke(image, "--mask", empty, "-o", tmp_path / "same.png", "--model", exported_model.folder)
-    assert result.exit_code == 0, result.output
-    assert np.array_equal(decoded(tmp_path / "same.png", "RGB"), decoded(image, "RGB"))
+    # No hole: skipped, nothing written, and with nothing inpainted the exit status is 1.
+    assert result.exit_code == 1, result.output
+    assert "0 inpainted, 1 skipped (no hole)" in result.output
+    assert not (tmp_path / "same.png").exists()
 
     for bad in ("1,2,3", "a,b,c,d", "1,2,0,4"):
         result = invoke(image, "--box", bad, "--model", exported_model.folder)

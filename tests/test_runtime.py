@@ -361,3 +361,24 @@ def test_processing_additions() -> None:
     known = np.arange(12, dtype=np.uint16).reshape(2, 2, 3)
     pasted = paste_holes(known, np.full_like(known, 99), np.array([[1, 0], [0, 0]], np.float32))
     assert pasted[0, 0].tolist() == [99, 99, 99] and np.array_equal(pasted[1], known[1])
+
+
+def test_inpainter_defaults_to_auto_and_opens_a_safetensors_file(exported_model: ExportedModel) -> None:
+    # Fixed bug: Inpainter defaulted to backend="onnx" while the CLI used "auto",
+    # so Inpainter("...generator.safetensors") failed.
+    inpainter = Inpainter(exported_model.safetensors, provider="cpu")
+    assert inpainter.backend_name == "eager"
+    image = textured_rgb(20, 28)
+    mask = np.zeros((20, 28), np.uint8)
+    mask[4:12, 8:20] = 255
+    result = np.asarray(inpainter.inpaint(image, mask))
+    assert result.shape == image.shape
+    assert np.array_equal(result[mask == 0], image[mask == 0])
+
+
+def test_backend_registry_matches_the_enumeration() -> None:
+    from gantool.constants import BACKENDS
+    from gantool.runtime import BACKEND_CLASSES
+
+    assert tuple(BACKEND_CLASSES) == BACKENDS
+    assert all(cls.name == name for name, cls in BACKEND_CLASSES.items())

@@ -17,15 +17,7 @@ import torch.nn.functional as F
 from gantool.losses import discriminator_loss, hole_mse
 from gantool.networks import crop_local
 from gantool.train import discriminator_step, generator_step, train_step
-from tiny import build_optimizers, no_autocast, tiny_batch, tiny_networks, tiny_train_config
-
-
-def params(module: torch.nn.Module) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in module.parameters()]
-
-
-def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return all(torch.equal(x, y) for x, y in zip(a, b))
+from tiny import build_optimizers, no_autocast, params, same, tiny_batch, tiny_networks, tiny_train_config
 
 
 def test_broken_pattern_reusing_detached_discriminator_output_fails():

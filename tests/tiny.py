@@ -12,6 +12,17 @@ from gantool.train import Networks, DiscriminatorPair, build_optimizers
 from gantool.networks import CompletionNetwork, ContextDiscriminator
 
 TINY_MODEL = dict(width=4, disc_width=2, disc_fc=8, size=32, local_size=16)
+TINY_CONFIG = ModelConfig(**TINY_MODEL)
+
+
+def params(module: torch.nn.Module) -> list[torch.Tensor]:
+    """A detached copy of a module's parameters."""
+    return [p.detach().clone() for p in module.parameters()]
+
+
+def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    """Bitwise equality of two parameter lists."""
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 def tiny_train_config(**changes) -> TrainConfig:
@@ -41,5 +52,5 @@ def no_autocast():
     return contextlib.nullcontext()
 
 
-__all__ = ["TINY_MODEL", "tiny_train_config", "tiny_networks", "tiny_batch", "no_autocast",
+__all__ = ["TINY_MODEL", "TINY_CONFIG", "params", "same", "tiny_train_config", "tiny_networks", "tiny_batch", "no_autocast",
            "build_optimizers", "ModelConfig"]

@@ -95,6 +95,30 @@ def export_files(folder: str | Path) -> dict[str, Path]:
     return {a.key: folder / a.filename for a in ARTIFACTS if (folder / a.filename).is_file()}
 
 
+def check_export_folder(folder: str | Path) -> None:
+    """Refuse a folder whose model files come from different weights (mixed exports).
+
+    Every gantool export writes the same ``gantool.weights_sha256`` into each of
+    its files, so a disagreement means files of two exports sit side by side.
+    """
+    hashes: dict[str, str] = {}
+    for key, path in export_files(folder).items():
+        if ARTIFACT[key].backend is None:
+            continue
+        try:
+            digest = read_model_metadata(path).get(META_WEIGHTS_SHA256)
+        except ModelError:
+            continue  # an unreadable file is reported when it is opened
+        if digest:
+            hashes[path.name] = digest
+    if len(set(hashes.values())) > 1:
+        listing = ", ".join(f"{name} ({digest[:12]})" for name, digest in sorted(hashes.items()))
+        raise ModelError(
+            f"{folder} mixes files of different exports (weights hashes differ: {listing}); "
+            "re-export into it with --overwrite or into an empty folder"
+        )
+
+
 # ----------------------------------------------------------------------------- what a file is
 
 
@@ -184,6 +208,7 @@ def resolve_model(model: str | Path | None, backend: str = "auto") -> tuple[Path
         for name in wanted:
             for candidate in _folder_candidates(path, name):
                 if candidate.is_file():
+                    check_export_folder(candidate.parent)
                     return candidate, name
         expected = " or ".join(a.filename for name in wanted for a in model_artifacts(name))
         raise ModelError(f"no model in {path}: expected {expected} (from `gantool export`)")
@@ -232,10 +257,10 @@ def _onnx_metadata(path: Path) -> dict[str, str]:
 
 
 def _safetensors_metadata(path: Path) -> dict[str, str]:
-    import safetensors  # delayed: imports torch for framework="pt"
+    import safetensors  # delayed: optional speed (numpy framework: no torch import for a header)
 
     try:
-        with safetensors.safe_open(str(path), framework="pt") as f:
+        with safetensors.safe_open(str(path), framework="numpy") as f:
             return dict(f.metadata() or {})
     except Exception as e:  # safetensors raises its own error types for corrupt headers
         raise ModelError(f"{path} is not a readable safetensors file ({first_line(e)})") from None

@@ -252,7 +252,7 @@ def _ort_findings(info: dict[str, Any], checks: list[ProviderCheck], gpu: bool, 
 def _model_findings() -> list[Finding]:
     folder = default_model_dir()
     if folder is None:
-        return [Finding("problem", "no shipped model found (models/generator.onnx): `gantool inpaint` needs --model",
+        return [Finding("problem", "no shipped model found in models/: `gantool inpaint` needs --model",
                         "reinstall gantool, or export one and pass --model")]
     return [Finding("info", f"shipped model: {folder}")]
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from gantool.artifacts import META_TRAIN_STEP, META_WEIGHTS_SHA256
 from gantool.constants import DEFAULT_EVAL_GRID, MASK_KINDS
 from gantool.errors import InputError
 from gantool.fileio import atomic_save, ensure_writable_dir
@@ -319,7 +320,7 @@ def evaluate(
         "provider": runner.provider, "model_file": str(runner.path),
         "opencv_radius": INPAINT_RADIUS if classical else None,
     }
-    model_meta = {k: v for k, v in runner.metadata.items() if k in ("gantool.train_step", "gantool.weights_sha256")}
+    model_meta = {k: v for k, v in runner.metadata.items() if k in (META_TRAIN_STEP, META_WEIGHTS_SHA256)}
     return EvalResult(settings, samples, per_image, grid_path, model_meta)
 
 

@@ -36,6 +36,8 @@ from gantool.artifacts import (
     CHECKPOINT_TRAIN_KEYS,
     EXPORT_FORMATS,
     KIND_CHECKPOINT,
+    KIND_ONNX,
+    KIND_SAFETENSORS,
     META_EXPORTED_AT,
     META_MODEL_CONFIG,
     META_PRECISION,
@@ -48,6 +50,7 @@ from gantool.artifacts import (
     META_WEIGHTS_SHA256,
     TORCHSCRIPT_METADATA_ENTRY,
     decode_metadata,
+    export_files,
     model_kind,
     read_model_metadata,
 )
@@ -290,7 +293,11 @@ def export_generator(
     out_dir = ensure_writable_dir(Path(out_dir) if out_dir is not None else default_output_dir(checkpoint_path))
     keys = [*formats, *(["onnx_fp16"] if fp16 else []), *ALWAYS_WRITTEN]
     targets = {key: out_dir / ARTIFACT[key].filename for key in keys}
-    existing = [str(p) for p in targets.values() if p.exists()]
+    bad = non_finite_weights(state["generator"])
+    if bad:
+        raise ModelError(f"{checkpoint_path} has non-finite weights ({bad}); nothing exported")
+    # An export folder holds one model: any file of an older export is replaced or removed.
+    existing = sorted({str(p) for p in [*targets.values(), *export_files(out_dir).values()] if p.exists()})
     if existing and not overwrite:
         raise InputError(f"refusing to overwrite {', '.join(existing)} (use --overwrite)")
 
@@ -339,7 +346,40 @@ def export_generator(
             "notes": notes,
         }
         atomic_write_text(tmp["report"], json.dumps(report_to_json(document), indent=2) + "\n")
+    # The new files are in place; files of the older export that this one did not write go.
+    for key, stale in export_files(out_dir).items():
+        if key not in targets:
+            stale.unlink(missing_ok=True)
+            logger.info("removed %s: it belonged to the previous export in %s", stale.name, out_dir)
     return ExportResult(checkpoint_path, out_dir, targets, sizes, metadata, report, notes)
+
+
+def _file_non_finite_weights(path: Path, kind: str) -> str:
+    """Non-finite weights in an ONNX or safetensors file ('' when none, or for other kinds)."""
+    if kind == KIND_SAFETENSORS:
+        import safetensors.torch
+
+        return non_finite_weights(safetensors.torch.load_file(str(path)))
+    if kind == KIND_ONNX:
+        import onnx
+        from onnx import numpy_helper
+
+        model = onnx.load(str(path), load_external_data=False)
+        tensors = {t.name: torch.from_numpy(numpy_helper.to_array(t).copy()) for t in model.graph.initializer}
+        return non_finite_weights(tensors)
+    return ""
+
+
+def non_finite_weights(state_dict: dict[str, Tensor]) -> str:
+    """'' when every weight is finite, else which tensors hold NaN/Inf (for one-line messages)."""
+    bad = [
+        f"{name}: {int((~torch.isfinite(t)).sum())} of {t.numel()}"
+        for name, t in state_dict.items()
+        if t.is_floating_point() and not bool(torch.isfinite(t).all())
+    ]
+    if not bad:
+        return ""
+    return "; ".join(bad[:3]) + (f"; and {len(bad) - 3} more tensors" if len(bad) > 3 else "")
 
 
 def _device_backend(module: nn.Module, cuda: bool) -> Backend:
@@ -419,9 +459,17 @@ def describe_file(path: str | Path) -> dict[str, Any]:
     kind = model_kind(path)
     if kind != KIND_CHECKPOINT:
         meta = read_model_metadata(path)
-        return {"file": str(path), "kind": kind, "bytes": path.stat().st_size, "metadata": decode_metadata(meta)}
+        bad = _file_non_finite_weights(path, kind)
+        return {
+            "file": str(path),
+            "kind": kind,
+            "bytes": path.stat().st_size,
+            "metadata": decode_metadata(meta),
+            "warnings": [f"non-finite weights: {bad}"] if bad else [],
+        }
     state = load_checkpoint(path)
     train = state.get("train_config") or {}
+    bad = non_finite_weights(state["generator"])
     return {
         "file": str(path),
         "kind": kind,
@@ -433,4 +481,5 @@ def describe_file(path: str | Path) -> dict[str, Any]:
         "train_config": {k: train[k] for k in CHECKPOINT_TRAIN_KEYS if k in train},
         "metrics": state.get("metrics") or {},
         "weights_sha256": weights_sha256(state["generator"]),
+        "warnings": [f"non-finite generator weights: {bad}"] if bad else [],
     }

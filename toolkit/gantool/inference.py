@@ -36,6 +36,7 @@ from gantool.constants import (
 from gantool.errors import InputError, choice_error
 from gantool.processing import (
     alpha_hole_mask,
+    check_lossless,
     crop_padding,
     float_to_output_array,
     image_to_array,
@@ -310,9 +311,9 @@ def inpaint_images(
 def to_pil_image(obj: Image.Image | str | Path | np.ndarray, what: str = "image") -> Image.Image:
     """A PIL image from a PIL image, a path, or a uint8/uint16 array (H x W, H x W x 3 or x 4)."""
     if isinstance(obj, Image.Image):
-        return obj
+        return check_lossless(obj, what)
     if isinstance(obj, (str, Path)):
-        return read_image(obj)
+        return read_image(obj, lossless=True)
     if isinstance(obj, np.ndarray):
         if obj.dtype not in (np.uint8, np.uint16) or obj.ndim not in (2, 3):
             raise InputError(

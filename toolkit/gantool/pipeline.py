@@ -161,6 +161,8 @@ def collect_images(inputs: Sequence[str | Path], skip: Sequence[Path] = ()) -> l
                     add(candidate, candidate.relative_to(path))
         elif path.is_file():
             add(path, Path(path.name))
+        elif path.exists():  # a FIFO, socket or device: reading it would block or never end
+            raise InputError(f"not a regular file: {raw}")
         elif _GLOB_CHARS.search(str(raw)):
             matches = [Path(m) for m in sorted(glob.glob(str(path), recursive=True))]
             images = [m for m in matches if _is_candidate(m) and not skipped(m)]
@@ -202,13 +204,17 @@ def plan_jobs(images: Sequence[tuple[Path, Path]], output: str | Path | None = N
 @dataclass
 class FileResult:
     source: Path
-    output: Path | None = None
+    output: Path | None = None  # None when nothing was written (an error, or no hole)
     error: str | None = None
-    unchanged: bool = False  # the mask had no hole: the image was written as it was
+    no_hole: bool = False  # the mask had no hole pixel: skipped, nothing written
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def inpainted(self) -> bool:
+        return self.ok and not self.no_hole
 
 
 @dataclass
@@ -220,15 +226,25 @@ class RunSummary:
 
     @property
     def inpainted(self) -> int:
-        return sum(r.ok for r in self.results)
+        return sum(r.inpainted for r in self.results)
+
+    @property
+    def no_hole(self) -> int:
+        return sum(r.no_hole for r in self.results)
 
     @property
     def failed(self) -> int:
         return sum(not r.ok for r in self.results)
 
+    @property
+    def succeeded(self) -> bool:
+        """Nothing failed and something was inpainted (images without holes alone are not a success)."""
+        return self.failed == 0 and self.inpainted > 0
+
     def line(self) -> str:
+        skipped = f", {self.no_hole} skipped (no hole)" if self.no_hole else ""
         return (
-            f"{self.inpainted} inpainted, {self.failed} failed in {self.seconds:.1f} s "
+            f"{self.inpainted} inpainted{skipped}, {self.failed} failed in {self.seconds:.1f} s "
             f"(provider {self.provider}, backend {self.backend})"
         )
 
@@ -288,7 +304,7 @@ def inpaint_files(
             job, mask, write = pending.popleft()
             try:
                 write.result()
-                report(FileResult(job.source, output=job.output, unchanged=not (mask > 0.5).any()))
+                report(FileResult(job.source, output=job.output))
             except _FILE_ERRORS as e:
                 report(FileResult(job.source, error=f"{job.source}: {first_line(e)}"))
 
@@ -297,8 +313,12 @@ def inpaint_files(
         for job in chunk:
             try:
                 _check_output(job, overwrite, protected)
-                image = read_image(job.source)
-                loaded.append((job, image, masks.for_image(job, image)))
+                image = read_image(job.source, lossless=True)
+                mask = masks.for_image(job, image)
+                if not (mask > 0.5).any():
+                    failed.append(FileResult(job.source, no_hole=True))
+                    continue
+                loaded.append((job, image, mask))
             except _FILE_ERRORS as e:
                 failed.append(FileResult(job.source, error=f"{job.source}: {first_line(e)}"))
         return loaded, failed

@@ -13,6 +13,7 @@ threshold, padding and compositing are defined once:
 
 from __future__ import annotations
 
+import logging
 import warnings
 from pathlib import Path
 from typing import Any
@@ -21,13 +22,15 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from gantool.config import NETWORK_STRIDE, ModelConfig
-from gantool.errors import InputError
+from gantool.errors import InputError, first_line
+
+log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 # zlib level for PNG outputs: level 1 encodes a 512 px photo about 6x faster than
 # Pillow's default 6 (18 ms vs 109 ms here) for files about 10% larger.
 PNG_COMPRESS_LEVEL = 1
-MASK_CONVENTION = "1 = hole (mask pixel > half its range, 127 for 8-bit); 0 = known"
+MASK_CONVENTION = "1 = hole (mask pixel > half its range, 127 for 8-bit; a mask image whose maximum is 1 is 0/1); 0 = known"
 
 
 def processing_contract(config: ModelConfig) -> dict[str, Any]:
@@ -53,22 +56,67 @@ def processing_contract(config: ModelConfig) -> dict[str, Any]:
 # --------------------------------------------------------------------------- reading
 
 
-def read_image(path: str | Path) -> Image.Image:
-    """Open and fully decode an image, EXIF orientation applied. Raises InputError."""
+def read_image(path: str | Path, lossless: bool = False) -> Image.Image:
+    """Open and fully decode an image, EXIF orientation applied. Raises InputError.
+
+    ``lossless``: refuse images whose known pixels gantool could not write back
+    unchanged (see :func:`check_lossless`), for the inpainting paths.
+    """
     path = Path(path)
+    if path.is_dir():
+        raise InputError(f"expected an image file, got a folder: {path}")
+    if path.exists() and not path.is_file():  # a FIFO or device would block or stream forever
+        raise InputError(f"not a regular file: {path}")
     try:
         with warnings.catch_warnings():
             # A decompression-bomb warning is not an error here; huge images are allowed.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(path) as img:
+                if lossless and _decodes_16bit_colour_as_8bit(img):
+                    raise InputError(
+                        f"{path}: a 16-bit colour image, which Pillow decodes as 8-bit; the written known pixels "
+                        "would lose precision (convert it to 8-bit colour or 16-bit grey first)"
+                    )
                 img.load()
-                return ImageOps.exif_transpose(img) if _has_orientation(img) else img.copy()
+                result = ImageOps.exif_transpose(img) if _has_orientation(img) else img.copy()
     except FileNotFoundError:
         raise InputError(f"file not found: {path}") from None
-    except IsADirectoryError:
-        raise InputError(f"expected an image file, got a folder: {path}") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-        raise InputError(f"cannot read image {path}: {e}") from None
+        raise InputError(f"cannot read image {path}: {first_line(e)}") from None
+    if lossless:
+        check_lossless(result, str(path))
+    return result
+
+
+def _decodes_16bit_colour_as_8bit(img: Image.Image) -> bool:
+    """A 16-bit RGB(A) file that this Pillow decodes to 8-bit RGB(A) (seen from the raw mode)."""
+    if img.mode not in ("RGB", "RGBA") or not img.tile:
+        return False
+    args = img.tile[0].args
+    rawmode = args if isinstance(args, str) else (args[0] if isinstance(args, tuple) and args else "")
+    return isinstance(rawmode, str) and ";16" in rawmode
+
+
+def check_lossless(img: Image.Image, name: str = "image") -> Image.Image:
+    """Refuse images whose known pixels cannot be written back exactly.
+
+    gantool writes 8-bit colour, 8-bit grey or 16-bit grey PNGs. 32-bit float
+    images (mode F) and 32-bit integer images (mode I) with values outside
+    0..65535 have no such form.
+    """
+    if img.mode == "F":
+        raise InputError(
+            f"{name}: a 32-bit float image (mode F) cannot be written back losslessly as PNG; "
+            "convert it to 8-bit or 16-bit first"
+        )
+    if img.mode == "I":
+        lo, hi = img.getextrema()
+        if lo < 0 or hi > 65535:  # type: ignore[operator]
+            raise InputError(
+                f"{name}: a 32-bit integer image with values {lo}..{hi}, outside the 16-bit range a PNG "
+                "holds; rescale it to 0..65535 first"
+            )
+    return img
 
 
 def _has_orientation(img: Image.Image) -> bool:
@@ -111,8 +159,25 @@ def alpha_hole_mask(img: Image.Image) -> np.ndarray | None:
     return (alpha <= 127).astype(np.float32)
 
 
+def _zero_one_mask(arr: np.ndarray) -> np.ndarray | None:
+    """A 0/1 mask image (its maximum is 1, as in many datasets): 1 = hole. None otherwise."""
+    if arr.size and arr.max() == 1 and arr.min() >= 0:
+        if not _ZERO_ONE_SAID:
+            _ZERO_ONE_SAID.append(True)
+            log.info("a mask whose maximum is 1 is read as a 0/1 mask (1 = hole)")
+        return (arr >= 1).astype(np.float32)
+    return None
+
+
+_ZERO_ONE_SAID: list[bool] = []  # said once per process
+
+
 def mask_to_array(img: Image.Image | np.ndarray) -> np.ndarray:
-    """A mask image in any mode -> float32 H x W with 1 = hole (> half of the range)."""
+    """A mask image in any mode -> float32 H x W with 1 = hole.
+
+    A pixel is a hole above half of its range (> 127 for 8-bit). A mask image
+    whose maximum is 1 is a 0/1 mask: there 1 is a hole.
+    """
     if isinstance(img, np.ndarray):
         arr = img.astype(np.float32)
         if arr.ndim == 3:
@@ -121,6 +186,9 @@ def mask_to_array(img: Image.Image | np.ndarray) -> np.ndarray:
         return (arr > peak / 2).astype(np.float32)
     if _is_high_bit(img):
         arr = np.asarray(img, dtype=np.float32)
+        zero_one = _zero_one_mask(arr)
+        if zero_one is not None:
+            return zero_one
         peak = 1.0 if img.mode == "F" else 65535.0
         return (arr > peak / 2).astype(np.float32)
     if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
@@ -128,7 +196,9 @@ def mask_to_array(img: Image.Image | np.ndarray) -> np.ndarray:
         img = img.convert("RGBA")
         arr = np.asarray(img.convert("L"), dtype=np.float32) * (np.asarray(img.getchannel("A")) / 255.0)
         return (arr > 127).astype(np.float32)
-    return (np.asarray(img.convert("L")) > 127).astype(np.float32)
+    grey = np.asarray(img.convert("L"))
+    zero_one = _zero_one_mask(grey)
+    return zero_one if zero_one is not None else (grey > 127).astype(np.float32)
 
 
 # ------------------------------------------------------------------- tensors / padding

@@ -149,6 +149,17 @@ def check_provider(provider: str) -> str:
     return provider
 
 
+_ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
+# "/onnxruntime_src/.../model.cc:256 onnxruntime::Model::Model(<arguments>) " before the message itself
+_ORT_SOURCE = re.compile(r"\S+\.(?:cc|cpp|h):\d+ (?:[\w:~<>]+\([^()]*\)(?: const)? )?")
+
+
+def ort_error_cause(error: BaseException) -> str:
+    """ONNX Runtime's error message without its source location and C++ signature."""
+    cleaned = _ORT_SOURCE.sub("", _ORT_PREFIX.sub("", str(error).strip()))
+    return first_line(ValueError(cleaned)) if cleaned.strip() else first_line(error)
+
+
 def _new_session(ort: Any, model: str | bytes, providers: list[Any]) -> Any:
     options = ort.SessionOptions()
     options.log_severity_level = 3  # errors only; provider problems are reported by us
@@ -156,7 +167,7 @@ def _new_session(ort: Any, model: str | bytes, providers: list[Any]) -> Any:
         return ort.InferenceSession(model, sess_options=options, providers=providers)
     except Exception as e:  # InvalidProtobuf, Fail, NoSuchFile, ...: corrupt or unsupported model
         where = "the model" if isinstance(model, bytes) else model
-        raise ModelError(f"cannot load ONNX model {where}: {first_line(e)}") from None
+        raise ModelError(f"cannot load ONNX model {where}: {ort_error_cause(e)}") from None
 
 
 def open_session(

@@ -35,6 +35,7 @@ from gantool.artifacts import (
     META_TRAIN_STEP,
     META_VERSION,
     TORCHSCRIPT_METADATA_ENTRY,
+    check_export_folder,
     config_from_metadata,
     model_kind,
     resolve_model,
@@ -82,7 +83,14 @@ class Backend:
             raise ModelError(f"out of memory running {image.shape[0]}x{image.shape[2]}x{image.shape[3]}") from None
         except Exception as e:  # backend libraries raise their own types; report one line
             raise ModelError(f"{self.name} backend failed: {first_line(e)}") from None
-        return np.asarray(out, dtype=np.float32)
+        out = np.asarray(out, dtype=np.float32)
+        finite = np.isfinite(out)
+        if not finite.all():  # never write holes filled with NaN/Inf garbage
+            raise ModelError(
+                f"the model produced NaN/Inf: {int(out.size - finite.sum())} of {out.size} output values "
+                f"are not finite ({self.path.name}, {self.name} on {self.provider})"
+            )
+        return out
 
     def _check_inputs(self, image: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if image.ndim != 4 or image.shape[1] != 3:
@@ -122,6 +130,8 @@ class OnnxBackend(Backend):
         gpu_likely = provider in ("cuda", "tensorrt") or (provider == "auto" and cuda_device_visible())
         model_file = self._pick_file(path, precision, gpu=gpu_likely)
         opened = open_session(model_file, provider)
+        if model_file != path:  # a sibling file: it must come from the same export
+            check_export_folder(path.parent)
         cpu_file = self._pick_file(path, precision, gpu=False)
         if not opened.on_gpu and cpu_file != model_file:
             model_file, opened = cpu_file, OpenedSession(open_session(cpu_file, "cpu").session, opened.provider, opened.note)
@@ -272,5 +282,5 @@ def load_backend(
         raise choice_error("precision", precision, PRECISIONS)
     path, name = resolve_model(model, backend)
     if precision == "fp16" and name != "onnx":
-        raise InputError("precision fp16 needs the onnx backend (an exported generator_fp16.onnx)")
+        raise InputError(f"precision fp16 needs the onnx backend (an exported {ARTIFACT['onnx_fp16'].filename})")
     return BACKEND_CLASSES[name](path, provider, precision)

@@ -26,6 +26,8 @@ def info(file: Path, as_json: bool) -> None:
         click.echo(json.dumps(description, indent=2, default=str))
         return
     click.echo(f"{description['file']}: {description['kind']}, {description['bytes']} bytes")
+    for warning in description.get("warnings", []):
+        click.echo(f"warning: {warning}", err=True)
     if description["kind"] != "checkpoint":
         for key, value in description["metadata"].items():
             click.echo(f"  {key}: {_value(value)}")

@@ -77,8 +77,11 @@ def inpaint(
 
     \b
     Holes come from --mask, --box, or else the image's transparent pixels.
-    Masks must have the image's displayed size (after EXIF rotation).
+    A mask pixel > 127 is a hole; a mask image whose maximum is 1 is a 0/1
+    mask (1 = hole). Masks must have the image's displayed size (after EXIF
+    rotation). An image whose mask has no hole is skipped (nothing written).
     Only hole pixels change; results are PNG: <stem>.inpainted.png.
+    Exit status 1 when a file failed or nothing was inpainted.
     """
     from tqdm import tqdm
 
@@ -96,6 +99,8 @@ def inpaint(
         def on_result(result: FileResult) -> None:
             if not result.ok:
                 bar.write(f"failed: {result.error}", file=sys.stderr)
+            elif result.no_hole:
+                bar.write(f"skipped: {result.source}: the mask has no hole", file=sys.stderr)
             bar.update(1)
 
         summary = run_inpaint(
@@ -103,8 +108,8 @@ def inpaint(
             boxes=boxes, output=output, strategy=strategy, batch_size=batch_size, crop_margin=crop_margin,
             overwrite=overwrite, on_start=on_start, on_result=on_result,
         )  # fmt: skip
-    if len(summary.results) == 1 and summary.results[0].ok:
+    if len(summary.results) == 1 and summary.results[0].inpainted:
         click.echo(f"wrote {summary.results[0].output}")
     click.echo(summary.line())
-    if summary.failed:
+    if not summary.succeeded:
         click.get_current_context().exit(1)

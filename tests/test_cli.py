@@ -1,0 +1,72 @@
+"""The command line as a whole: every command's --help, the lazy loader, choices from the library."""
+
+from __future__ import annotations
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from gantool import constants
+from gantool.cli import COMMANDS, LazyGroup, cli
+
+
+def _all_command_paths() -> list[list[str]]:
+    paths: list[list[str]] = []
+
+    def walk(group: click.Group, prefix: list[str]) -> None:
+        ctx = click.Context(group)
+        for name in group.list_commands(ctx):
+            command = group.get_command(ctx, name)
+            assert command is not None, f"{' '.join(prefix + [name])} is listed but cannot be loaded"
+            paths.append(prefix + [name])
+            if isinstance(command, click.Group):
+                walk(command, prefix + [name])
+
+    walk(cli, [])
+    return paths
+
+
+def test_every_command_and_subcommand_has_help() -> None:
+    paths = _all_command_paths()
+    assert {p[0] for p in paths} == set(COMMANDS)
+    assert ["bench", "train"] in paths and ["bench", "inpaint"] in paths
+    runner = CliRunner()
+    for path in paths:
+        result = runner.invoke(cli, [*path, "--help"])
+        assert result.exit_code == 0, (path, result.output)
+        assert "Usage:" in result.output and "--help" in result.output, path
+
+
+def test_a_command_whose_module_is_missing_raises_instead_of_vanishing() -> None:
+    group = LazyGroup(lazy={"typo": ("gantool.cli.no_such_module", "typo", "broken")})
+    ctx = click.Context(group)
+    assert "typo" in group.list_commands(ctx)
+    with pytest.raises(ModuleNotFoundError, match="no_such_module"):
+        group.get_command(ctx, "typo")
+
+
+def test_a_lazy_attribute_that_is_not_a_command_is_refused() -> None:
+    group = LazyGroup(lazy={"odd": ("gantool.constants", "PROVIDERS", "not a command")})
+    with pytest.raises(TypeError, match="not a click command"):
+        group.get_command(click.Context(group), "odd")
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "choices"),
+    [
+        (["inpaint"], "--provider", constants.PROVIDERS),
+        (["inpaint"], "--backend", constants.BACKEND_CHOICES),
+        (["inpaint"], "--precision", constants.PRECISIONS),
+        (["inpaint"], "--strategy", constants.STRATEGIES),
+        (["eval"], "--masks", constants.MASK_KINDS),
+        (["eval"], "--provider", constants.PROVIDERS),
+    ],
+)
+def test_cli_choices_come_from_the_library(command: list[str], option: str, choices: tuple[str, ...]) -> None:
+    group: click.Group = cli
+    ctx = click.Context(group)
+    cmd = group.get_command(ctx, command[0])
+    assert cmd is not None
+    param = next(p for p in cmd.params if option in getattr(p, "opts", ()))
+    assert isinstance(param.type, click.Choice)
+    assert tuple(param.type.choices) == tuple(choices)
