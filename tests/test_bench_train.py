@@ -6,6 +6,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
+
 from gantool.cli import cli
 from gantool.config import TrainConfig
 

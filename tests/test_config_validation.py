@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import math
 
-import gantool.train as train_module
 import pytest
 import tomli_w
 from click.testing import CliRunner
+
+import gantool.train as train_module
 from gantool.cli import cli
 from gantool.config import FIELD_RULES, TrainConfig, check_options, read_toml
 from gantool.errors import InputError
@@ -66,13 +67,7 @@ def toml_value(key: str, kind: str):
         n = 2 if rule == "pair" else 3
         return "abc" if kind == "wrong_type" else [FLOATS[kind]] * n
     if rule in ("str", "bool"):
-        return (
-            TEXTS[kind]
-            if rule == "str"
-            else SCALAR[kind]
-            if kind != "wrong_type"
-            else "yes"
-        )
+        return TEXTS[kind] if rule == "str" else SCALAR[kind] if kind != "wrong_type" else "yes"
     return (FLOATS if rule.startswith("float") else SCALAR)[kind]
 
 
@@ -90,9 +85,7 @@ def cli_args(key: str, kind: str) -> list[str]:
     rule = FIELD_RULES[key][0].rstrip("?")
     if rule in ("pair", "rgb"):
         return [flag, *[text] * (2 if rule == "pair" else 3)]
-    return [
-        f"{flag}={text}"
-    ]  # also for flags: "--amp=0" is refused, as it takes no value
+    return [f"{flag}={text}"]  # also for flags: "--amp=0" is refused, as it takes no value
 
 
 @pytest.fixture
@@ -115,14 +108,8 @@ def assert_refused(result, key: str, tmp_path, before: set[str]) -> None:
     assert result.exit_code != 0, result.output
     assert "Traceback" not in result.output
     assert len(lines) == 1, result.output
-    assert (
-        key in lines[0]
-        or flag in lines[0]
-        or (key == "data" and "data folder" in lines[0])
-    ), lines[0]
-    assert {p.name for p in tmp_path.iterdir()} == before, (
-        "a run folder was left behind"
-    )
+    assert key in lines[0] or flag in lines[0] or (key == "data" and "data folder" in lines[0]), lines[0]
+    assert {p.name for p in tmp_path.iterdir()} == before, "a run folder was left behind"
 
 
 @pytest.mark.parametrize("kind", BAD_KINDS)
@@ -133,9 +120,7 @@ def test_every_toml_key_with_bad_values(key, kind, tmp_path, no_training):
     config = tmp_path / "train.toml"
     config.write_text(tomli_w.dumps(settings), encoding="utf-8")
     before = {p.name for p in tmp_path.iterdir()}
-    result = CliRunner().invoke(
-        cli, ["train", "--config", str(config), "--quiet"], catch_exceptions=False
-    )
+    result = CliRunner().invoke(cli, ["train", "--config", str(config), "--quiet"], catch_exceptions=False)
     if (key, kind) in ACCEPTED_TOML:
         assert result.exit_code == 0, result.output
         assert getattr(no_training[0], key) == check_options({key: settings[key]})[key]
@@ -147,18 +132,11 @@ def test_every_toml_key_with_bad_values(key, kind, tmp_path, no_training):
 @pytest.mark.parametrize("kind", BAD_KINDS)
 @pytest.mark.parametrize("key", list(FIELD_RULES))
 def test_every_option_with_bad_values(key, kind, tmp_path, no_training):
-    args = [
-        arg
-        for k, v in TINY.items()
-        if k != key
-        for arg in (f"--{k.replace('_', '-')}={v}",)
-    ]
+    args = [arg for k, v in TINY.items() if k != key for arg in (f"--{k.replace('_', '-')}={v}",)]
     if key != "out":
         args.append("--out=run")
     before = {p.name for p in tmp_path.iterdir()}
-    result = CliRunner().invoke(
-        cli, ["train", *args, *cli_args(key, kind), "--quiet"], catch_exceptions=False
-    )
+    result = CliRunner().invoke(cli, ["train", *args, *cli_args(key, kind), "--quiet"], catch_exceptions=False)
     if (key, kind) in ACCEPTED_CLI:
         assert result.exit_code == 0, result.output
         assert len(no_training) == 1
@@ -200,9 +178,7 @@ def test_every_config_key_has_a_rule_and_an_option():
 def test_toml_mistakes_are_one_clear_line(tmp_path, no_training, text, fragment):
     config = tmp_path / "bad.toml"
     config.write_text(text, encoding="utf-8")
-    result = CliRunner().invoke(
-        cli, ["train", "--config", str(config), "--quiet"], catch_exceptions=False
-    )
+    result = CliRunner().invoke(cli, ["train", "--config", str(config), "--quiet"], catch_exceptions=False)
     assert result.exit_code != 0
     lines = [line for line in result.output.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and fragment in lines[0], result.output
@@ -214,14 +190,8 @@ def test_non_utf8_toml_is_one_line(tmp_path, no_training):
     config.write_bytes("data = 'caf\u00e9'\n".encode("latin-1"))
     with pytest.raises(InputError, match="not UTF-8"):
         read_toml(config)
-    result = CliRunner().invoke(
-        cli, ["train", "--config", str(config)], catch_exceptions=False
-    )
-    assert (
-        result.exit_code != 0
-        and "not UTF-8" in result.output
-        and "Traceback" not in result.output
-    )
+    result = CliRunner().invoke(cli, ["train", "--config", str(config)], catch_exceptions=False)
+    assert result.exit_code != 0 and "not UTF-8" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "runs").exists()
 
 
@@ -238,9 +208,7 @@ def test_non_utf8_toml_is_one_line(tmp_path, no_training):
     ],
 )
 def test_option_mistakes_are_one_clear_line(tmp_path, no_training, args, fragment):
-    result = CliRunner().invoke(
-        cli, ["train", *args, "--quiet"], catch_exceptions=False
-    )
+    result = CliRunner().invoke(cli, ["train", *args, "--quiet"], catch_exceptions=False)
     assert result.exit_code != 0
     lines = [line for line in result.output.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and fragment in lines[0], result.output

@@ -10,6 +10,7 @@ import sys
 import threading
 
 import pytest
+
 from gantool import fileio
 from gantool.errors import InputError
 from gantool.fileio import TMP_PREFIX, atomic_save, atomic_write_text
@@ -35,9 +36,7 @@ def test_leftovers_of_dead_writers_are_removed_but_a_live_writers_temp_is_kept(
     try:
         live = tmp_path / f"{TMP_PREFIX}last.pt.{sleeper.pid}.0a1b2c3d"
         live.write_bytes(b"being written right now")
-        mine = (
-            tmp_path / f"{TMP_PREFIX}other.png.{os.getpid()}.0a1b2c3d"
-        )  # another thread of this process
+        mine = tmp_path / f"{TMP_PREFIX}other.png.{os.getpid()}.0a1b2c3d"  # another thread of this process
         mine.write_bytes(b"x")
         user = tmp_path / ".notes.txt.tmp"
         user.write_text("not ours")
@@ -66,9 +65,7 @@ def test_temp_files_carry_the_prefix(tmp_path):
     "code, words",
     [(errno.ENOSPC, "No space left on device"), (errno.EACCES, "Permission denied")],
 )
-def test_a_failed_write_is_one_line_naming_the_path_and_keeps_the_old_file(
-    tmp_path, code, words
-):
+def test_a_failed_write_is_one_line_naming_the_path_and_keeps_the_old_file(tmp_path, code, words):
     target = tmp_path / "last.pt"
     target.write_bytes(b"the previous checkpoint")
 
@@ -86,36 +83,27 @@ def test_a_failed_write_is_one_line_naming_the_path_and_keeps_the_old_file(
 
 def test_save_checkpoint_on_a_full_disk_keeps_the_old_checkpoint(tmp_path, monkeypatch):
     import torch
+
     from gantool.checkpoint import load_checkpoint, save_checkpoint
 
     path = tmp_path / "checkpoints" / "last.pt"
-    save_checkpoint(
-        path, {"model_config": {}, "generator": {}, "step": 1, "phase": "g"}
-    )
+    save_checkpoint(path, {"model_config": {}, "generator": {}, "step": 1, "phase": "g"})
 
     def full(obj, f, *args, **kwargs):
         f.write(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(torch, "save", full)
-    with pytest.raises(
-        InputError, match=r"cannot write .*last\.pt: No space left on device"
-    ):
-        save_checkpoint(
-            path, {"model_config": {}, "generator": {}, "step": 2, "phase": "g"}
-        )
+    with pytest.raises(InputError, match=r"cannot write .*last\.pt: No space left on device"):
+        save_checkpoint(path, {"model_config": {}, "generator": {}, "step": 2, "phase": "g"})
     monkeypatch.undo()
     assert load_checkpoint(path)["step"] == 1
 
 
-def test_files_get_the_umask_permissions_and_the_umask_is_never_changed(
-    tmp_path, monkeypatch
-):
+def test_files_get_the_umask_permissions_and_the_umask_is_never_changed(tmp_path, monkeypatch):
     calls = []
     real_umask = os.umask
-    monkeypatch.setattr(
-        os, "umask", lambda mask: calls.append(mask) or real_umask(mask)
-    )
+    monkeypatch.setattr(os, "umask", lambda mask: calls.append(mask) or real_umask(mask))
     old = real_umask(0o027)
     try:
         atomic_write_text(tmp_path / "a.txt", "x")

@@ -34,9 +34,7 @@ class ModelConfig:
 
     width: int = 64  # generator base width (GLCIC: 64)
     disc_width: int = 64  # discriminator base width (GLCIC: 64)
-    disc_fc: int = (
-        1024  # width of each discriminator's fully connected output (GLCIC: 1024)
-    )
+    disc_fc: int = 1024  # width of each discriminator's fully connected output (GLCIC: 1024)
     size: int = 160  # training image size (global discriminator input)
     local_size: int = 96  # local discriminator crop
     fill: tuple[float, float, float] = (0.5, 0.5, 0.5)  # mean pixel written into holes
@@ -47,19 +45,13 @@ class ModelConfig:
 
     def validate(self) -> ModelConfig:
         if self.width < 2 or self.disc_width < 1 or self.disc_fc < 1:
-            raise InputError(
-                "width, disc_width and disc_fc must be positive (width >= 2)"
-            )
+            raise InputError("width, disc_width and disc_fc must be positive (width >= 2)")
         if self.size % NETWORK_STRIDE:
-            raise InputError(
-                f"--size must be a multiple of {NETWORK_STRIDE}, got {self.size}"
-            )
+            raise InputError(f"--size must be a multiple of {NETWORK_STRIDE}, got {self.size}")
         if self.local_size < 8:
             raise InputError(f"--local-size must be at least 8, got {self.local_size}")
         if self.size <= self.local_size:
-            raise InputError(
-                f"--size ({self.size}) must be larger than --local-size ({self.local_size})"
-            )
+            raise InputError(f"--size ({self.size}) must be larger than --local-size ({self.local_size})")
         if len(self.fill) != 3 or not all(0.0 <= v <= 1.0 for v in self.fill):
             raise InputError("fill must be three values in [0, 1]")
         return self
@@ -100,9 +92,7 @@ class TrainConfig:
     alpha: float = 4e-4
     recon_weight: float = 1.0
     mask: str = "box"
-    hole_min: int | None = (
-        None  # box side range in pixels; default local_size/2 .. local_size
-    )
+    hole_min: int | None = None  # box side range in pixels; default local_size/2 .. local_size
     hole_max: int | None = None
     seed: int = 0
     device: str = "auto"
@@ -122,16 +112,15 @@ class TrainConfig:
     def total_steps(self) -> int:
         return self.steps_g + self.steps_d + self.steps_joint
 
-    def model_config(
-        self, fill: tuple[float, float, float] | None = None
-    ) -> ModelConfig:
+    def model_config(self, fill: tuple[float, float, float] | None = None) -> ModelConfig:
+        red, green, blue = (float(v) for v in fill or self.fill or (0.5, 0.5, 0.5))
         return ModelConfig(
             width=self.width,
             disc_width=self.disc_width,
             disc_fc=self.disc_fc,
             size=self.size,
             local_size=self.local_size,
-            fill=tuple(fill or self.fill or (0.5, 0.5, 0.5)),
+            fill=(red, green, blue),
         ).validate()
 
     def validate(self) -> TrainConfig:
@@ -140,42 +129,28 @@ class TrainConfig:
             check_value(f.name, getattr(self, f.name))
         self.model_config()
         if self.total_steps == 0:
-            raise InputError(
-                "nothing to train: --steps-g, --steps-d and --steps-joint are all 0"
-            )
+            raise InputError("nothing to train: --steps-g, --steps-d and --steps-joint are all 0")
         if self.mask not in MASK_KINDS:
-            raise InputError(
-                f"mask = {self.mask!r}: expected one of {', '.join(MASK_KINDS)}"
-            )
+            raise InputError(f"mask = {self.mask!r}: expected one of {', '.join(MASK_KINDS)}")
         device = self.device.split(":", 1)
         if device[0] not in ("auto", "cpu", "cuda") or (
             len(device) == 2 and not (device[0] == "cuda" and device[1].isdigit())
         ):
-            raise InputError(
-                f"device = {self.device!r}: expected auto, cpu, cuda or cuda:N"
-            )
+            raise InputError(f"device = {self.device!r}: expected auto, cpu, cuda or cuda:N")
         lo, hi = self.hole_range()
         if not 1 <= lo <= hi <= self.local_size:
-            raise InputError(
-                f"hole sizes must satisfy 1 <= hole_min <= hole_max <= local_size, got {lo}..{hi}"
-            )
+            raise InputError(f"hole sizes must satisfy 1 <= hole_min <= hole_max <= local_size, got {lo}..{hi}")
         return self
 
     def hole_range(self) -> tuple[int, int]:
-        lo = (
-            self.hole_min if self.hole_min is not None else max(1, self.local_size // 2)
-        )
+        lo = self.hole_min if self.hole_min is not None else max(1, self.local_size // 2)
         hi = self.hole_max if self.hole_max is not None else self.local_size
         return lo, hi
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         # TOML has no null: leave unset optionals out.
-        return {
-            k: (list(v) if isinstance(v, tuple) else v)
-            for k, v in d.items()
-            if v is not None
-        }
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items() if v is not None}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
@@ -248,11 +223,7 @@ def check_options(data: dict[str, Any]) -> dict[str, Any]:
     for key, value in data.items():
         if key not in FIELD_RULES:
             close = difflib.get_close_matches(str(key), list(FIELD_RULES), n=1)
-            hint = (
-                f" (did you mean {close[0]!r}?)"
-                if close
-                else f" (valid keys: {', '.join(FIELD_RULES)})"
-            )
+            hint = f" (did you mean {close[0]!r}?)" if close else f" (valid keys: {', '.join(FIELD_RULES)})"
             raise InputError(f"unknown config key {key!r}{hint}")
         checked[key] = check_value(key, value)
     return checked
@@ -266,11 +237,7 @@ def _describe(kind: str, low: float | None, high: float | None) -> str:
     elif base in ("pair", "rgb"):
         text += f" in [{low:g}, {high:g}" + (")" if base == "pair" else "]")
     elif low is not None and high is not None:
-        text += (
-            f" in {int(low)}..{int(high)}"
-            if base == "int"
-            else f" in [{low:g}, {high:g}]"
-        )
+        text += f" in {int(low)}..{int(high)}" if base == "int" else f" in [{low:g}, {high:g}]"
     return text + (" (or left out)" if kind.endswith("?") else "")
 
 
@@ -307,17 +274,13 @@ def check_value(key: str, value: Any) -> Any:
     if base in ("float", "float>"):
         if not _is_number(value) or not math.isfinite(value):
             raise bad()
-        above_low = value > low if base == "float>" else value >= low  # type: ignore[operator]
-        if not (above_low and value <= high):  # type: ignore[operator]
+        above_low = value > low if base == "float>" else value >= low
+        if not (above_low and value <= high):
             raise bad()
         return float(value)
     # pair (Adam betas, each in [0, 1)) and rgb (a fill colour, each in [0, 1])
     count = 2 if base == "pair" else 3
-    if (
-        not isinstance(value, (list, tuple))
-        or len(value) != count
-        or not all(_is_number(v) for v in value)
-    ):
+    if not isinstance(value, (list, tuple)) or len(value) != count or not all(_is_number(v) for v in value):
         raise bad()
     numbers = tuple(float(v) for v in value)
     upper_ok = (lambda v: v < high) if base == "pair" else (lambda v: v <= high)
@@ -341,25 +304,17 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     except IsADirectoryError:
         raise InputError(f"config file is a folder: {path}") from None
     except UnicodeDecodeError as e:
-        raise InputError(
-            f"config file {path} is not UTF-8 text (byte {e.start}); TOML files are UTF-8"
-        ) from None
+        raise InputError(f"config file {path} is not UTF-8 text (byte {e.start}); TOML files are UTF-8") from None
     except tomllib.TOMLDecodeError as e:
-        raise InputError(
-            f"config file {path} is not valid TOML: {first_line(e)}"
-        ) from None
+        raise InputError(f"config file {path} is not valid TOML: {first_line(e)}") from None
     except OSError as e:
         raise InputError(f"cannot read config file {path}: {e.strerror or e}") from None
     if "train" in data:
         if not isinstance(data["train"], dict):
-            raise InputError(
-                f"config file {path}: 'train' must be a table ([train]), got {data['train']!r}"
-            )
+            raise InputError(f"config file {path}: 'train' must be a table ([train]), got {data['train']!r}")
         others = sorted(set(data) - {"train"})
         if others:
-            raise InputError(
-                f"config file {path}: key(s) {', '.join(others)} outside the [train] table"
-            )
+            raise InputError(f"config file {path}: key(s) {', '.join(others)} outside the [train] table")
         data = data["train"]
     return dict(data)
 

@@ -41,9 +41,7 @@ def ensure_writable_dir(folder: str | Path) -> Path:
     except FileExistsError:
         raise InputError(f"output path exists and is not a folder: {folder}") from None
     except OSError as e:
-        raise InputError(
-            f"cannot create output folder {folder}: {e.strerror or e}"
-        ) from None
+        raise InputError(f"cannot create output folder {folder}: {e.strerror or e}") from None
     if not os.access(folder, os.W_OK | os.X_OK):
         raise InputError(f"output folder is not writable: {folder}")
     return folder
@@ -113,9 +111,7 @@ def _sweep_once(folder: Path) -> None:
 def _create_temp(path: Path) -> Path:
     """An empty temp file beside ``path``, made with mode 0o666 so the umask applies as for any file."""
     for _ in range(100):
-        tmp = path.with_name(
-            f"{TMP_PREFIX}{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
-        )
+        tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except FileExistsError:
@@ -135,9 +131,7 @@ def atomic_path(path: str | Path, overwrite: bool = True) -> Iterator[Path]:
     path = Path(path)
     ensure_writable_dir(path.parent)
     if not overwrite and path.exists():
-        raise InputError(
-            f"refusing to overwrite existing file: {path} (use --overwrite)"
-        )
+        raise InputError(f"refusing to overwrite existing file: {path} (use --overwrite)")
     _sweep_once(path.parent)
     try:
         tmp = _create_temp(path)
@@ -166,9 +160,7 @@ def atomic_write_text(path: str | Path, text: str, overwrite: bool = True) -> Pa
     return atomic_write_bytes(path, text.encode("utf-8"), overwrite)
 
 
-def atomic_save(
-    path: str | Path, save: Callable[[Path], None], overwrite: bool = True
-) -> Path:
+def atomic_save(path: str | Path, save: Callable[[Path], None], overwrite: bool = True) -> Path:
     """Call ``save(tmp_path)`` and move the result onto ``path`` atomically."""
     with atomic_path(path, overwrite) as tmp:
         save(tmp)

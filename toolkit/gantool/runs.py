@@ -57,9 +57,7 @@ _LEGACY_MARKS = (CHECKPOINTS, "config.toml", METRICS_FILE)
 def is_run_folder(folder: str | Path) -> bool:
     """Whether ``folder`` is a gantool run (has the run file, or is a run made before it)."""
     folder = Path(folder)
-    return (folder / RUN_FILE).is_file() or all(
-        (folder / name).exists() for name in _LEGACY_MARKS
-    )
+    return (folder / RUN_FILE).is_file() or all((folder / name).exists() for name in _LEGACY_MARKS)
 
 
 def run_of_checkpoint(checkpoint: str | Path) -> Path | None:
@@ -80,9 +78,7 @@ class RunPlan:
     parent: dict[str, Any] | None = None
 
 
-def plan_run_folder(
-    out: str | None, resume: str | Path | None, state: dict[str, Any] | None
-) -> RunPlan:
+def plan_run_folder(out: str | None, resume: str | Path | None, state: dict[str, Any] | None) -> RunPlan:
     """Decide the run folder without writing anything (raises a one-line InputError)."""
     own = run_of_checkpoint(resume) if resume is not None else None
     parent = None
@@ -118,9 +114,7 @@ def newest_checkpoint_step(run: Path, resume: Path) -> int | None:
     try:
         return int(load_checkpoint(last)["step"])
     except GantoolError as e:
-        log.warning(
-            "cannot read %s (%s); continuing from %s", last, first_line(e), resume
-        )
+        log.warning("cannot read %s (%s); continuing from %s", last, first_line(e), resume)
         return None
 
 
@@ -131,16 +125,10 @@ def _check_new_folder(target: Path) -> None:
         raise InputError(f"output path exists and is not a folder: {target}")
     if is_run_folder(target):
         last = target / CHECKPOINTS / LAST_CHECKPOINT
-        how = (
-            f"resume it with --resume {last}, or"
-            if last.is_file()
-            else "it has no checkpoint yet;"
-        )
+        how = f"resume it with --resume {last}, or" if last.is_file() else "it has no checkpoint yet;"
         raise InputError(f"{target} already holds a run; {how} choose another --out")
     if any(target.iterdir()):
-        raise InputError(
-            f"{target} is not empty and is not a gantool run folder; choose a new or empty --out"
-        )
+        raise InputError(f"{target} is not empty and is not a gantool run folder; choose a new or empty --out")
 
 
 def claim_run_folder(plan: RunPlan, now: datetime | None = None) -> Path:
@@ -161,13 +149,9 @@ def claim_run_folder(plan: RunPlan, now: datetime | None = None) -> Path:
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except FileExistsError:
-            raise InputError(
-                f"output path exists and is not a folder: {folder}"
-            ) from None
+            raise InputError(f"output path exists and is not a folder: {folder}") from None
         except OSError as e:
-            raise InputError(
-                f"cannot create output folder {folder}: {e.strerror or e}"
-            ) from None
+            raise InputError(f"cannot create output folder {folder}: {e.strerror or e}") from None
     record = {
         "format": RUN_FORMAT,
         "version": 1,
@@ -178,13 +162,9 @@ def claim_run_folder(plan: RunPlan, now: datetime | None = None) -> Path:
     try:
         fd = os.open(folder / RUN_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except FileExistsError:
-        raise InputError(
-            f"{folder} already holds a run (another process claimed it); choose another --out"
-        ) from None
+        raise InputError(f"{folder} already holds a run (another process claimed it); choose another --out") from None
     except OSError as e:
-        raise InputError(
-            f"cannot write to run folder {folder}: {e.strerror or e}"
-        ) from None
+        raise InputError(f"cannot write to run folder {folder}: {e.strerror or e}") from None
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(json.dumps(record, indent=2) + "\n")
     return folder.resolve()
@@ -203,13 +183,9 @@ def _make_default_folder(now: datetime) -> Path:
         except FileExistsError:
             continue
         except OSError as e:
-            raise InputError(
-                f"cannot create output folder {folder}: {e.strerror or e}"
-            ) from None
+            raise InputError(f"cannot create output folder {folder}: {e.strerror or e}") from None
         return folder
-    raise InputError(
-        f"could not find a free run folder name {RUNS_ROOT / name}-N; use --out"
-    )
+    raise InputError(f"could not find a free run folder name {RUNS_ROOT / name}-N; use --out")
 
 
 def read_run_file(folder: str | Path) -> dict[str, Any]:
@@ -239,11 +215,7 @@ def trim_metrics(path: Path, step: int) -> int:
             record = json.loads(line)
         except ValueError:
             continue  # a line torn by a kill
-        if (
-            isinstance(record, dict)
-            and isinstance(record.get("step"), int)
-            and record["step"] <= step
-        ):
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
             kept.append(line)
     dropped = len(lines) - len(kept)
     if dropped:
@@ -270,11 +242,7 @@ def lock_run_folder(folder: Path) -> Callable[[], None]:
             except OSError:
                 holder = ""
             host, _, pid = holder.partition(" ")
-            stale = (
-                host == socket.gethostname()
-                and pid.isdigit()
-                and not pid_alive(int(pid))
-            )
+            stale = host == socket.gethostname() and pid.isdigit() and not pid_alive(int(pid))
             if stale and attempt == 0:
                 log.info(
                     "taking over the lock of a training process that is gone (%s) in %s",
@@ -288,9 +256,7 @@ def lock_run_folder(folder: Path) -> Callable[[], None]:
                 f"if none is running, delete {path}"
             ) from None
         except OSError as e:
-            raise InputError(
-                f"cannot write to run folder {folder}: {e.strerror or e}"
-            ) from None
+            raise InputError(f"cannot write to run folder {folder}: {e.strerror or e}") from None
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(me + "\n")
         break

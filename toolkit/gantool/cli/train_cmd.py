@@ -28,19 +28,13 @@ Examples:
 DEFAULTS = TrainConfig()
 
 
-def config_option(
-    name: str, help: str, show: str | bool = True, **kwargs: Any
-) -> Callable[[Any], Any]:
+def config_option(name: str, help: str, show: str | bool = True, **kwargs: Any) -> Callable[[Any], Any]:
     """``--name`` for the TrainConfig field ``name``, its default taken from the dataclass."""
     flag = "--" + name.replace("_", "-")
     default = getattr(DEFAULTS, name)
     if default is None:  # decided at run time: say how instead of "None"
-        return click.option(
-            flag, name, default=None, show_default=show, help=help, **kwargs
-        )
-    return click.option(
-        flag, name, default=default, show_default=show, help=help, **kwargs
-    )
+        return click.option(flag, name, default=None, show_default=show, help=help, **kwargs)
+    return click.option(flag, name, default=default, show_default=show, help=help, **kwargs)
 
 
 def flag_option(name: str, help: str, show: str | bool = True) -> Callable[[Any], Any]:
@@ -94,12 +88,8 @@ class OneLineErrors(click.Command):
 @config_option("alpha", "Adversarial loss weight.", type=float)
 @config_option("recon_weight", "Reconstruction loss weight.", type=float)
 @config_option("mask", "Hole shapes.", type=click.Choice(MASK_KINDS))
-@config_option(
-    "hole_min", "Smallest box hole side in pixels.", show="local_size/2", type=int
-)
-@config_option(
-    "hole_max", "Largest box hole side in pixels.", show="local_size", type=int
-)
+@config_option("hole_min", "Smallest box hole side in pixels.", show="local_size/2", type=int)
+@config_option("hole_max", "Largest box hole side in pixels.", show="local_size", type=int)
 @config_option("seed", "Seed for weights, data order, crops and masks.", type=int)
 @config_option("device", "auto, cpu, cuda or cuda:N.")
 @flag_option("amp", "bf16 autocast.", show="on for CUDA")
@@ -112,9 +102,7 @@ class OneLineErrors(click.Command):
     help="Continue exactly from a checkpoint, in its own run (or in a new --out).",
 )
 @config_option("val_images", "Held-out validation images.", type=int)
-@config_option(
-    "sample_every", "Validate and save a sample grid every N steps.", type=int
-)
+@config_option("sample_every", "Validate and save a sample grid every N steps.", type=int)
 @config_option("checkpoint_every", "Checkpoint every N steps.", type=int)
 @flag_option("keep_checkpoints", "Also keep checkpoints/step_<N>.pt.")
 @config_option("log_every", "Append to metrics.jsonl every N steps.", type=int)
@@ -126,9 +114,7 @@ class OneLineErrors(click.Command):
     type=(float, float, float),
 )
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def train(
-    config_file: str | None, resume: str | None, quiet: bool, **options: Any
-) -> None:
+def train(config_file: str | None, resume: str | None, quiet: bool, **options: Any) -> None:
     """Train a GLCIC inpainting GAN with the fixed GAN loop.
 
     Phases: reconstruction only (--steps-g), discriminator only (--steps-d), then
@@ -153,6 +139,4 @@ def train(
         )
         click.echo(f"resume with: gantool train --resume {where}", err=True)
         sys.exit(result.exit_code)
-    click.echo(
-        f"done: step {result.step} ({result.phase} phase); run folder {result.run_dir}; checkpoint {where}"
-    )
+    click.echo(f"done: step {result.step} ({result.phase} phase); run folder {result.run_dir}; checkpoint {where}")
