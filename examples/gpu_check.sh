@@ -17,6 +17,8 @@
 #                  skipped when onnxruntime-gpu is not installed (see below)
 #   bench_train    `gantool bench train --json` on the device
 #   bench_inpaint  `gantool bench inpaint --json` on the device (skipped if the command is missing)
+#   bench_ray      `gantool bench inpaint --ray` with 1 GPU against all GPUs (one actor per GPU);
+#                  skipped on the CPU dry run and when Ray (the `ray` extra) is not installed
 #
 # Writes a JSON summary to $OUT/gpu_check.json when OUT is set, else ./gpu_check.json
 # (GPU_CHECK_JSON overrides), and all stage logs to gpu_check.log beside it.
@@ -339,8 +341,35 @@ stage_bench_inpaint() {
     cat "$WORK/results/bench_inpaint.json"
 }
 
+stage_bench_ray() {
+    [[ "$DEVICE" == cuda ]] || { echo "SKIP: dry run on the CPU"; exit 77; }
+    "$PY" -c 'import ray.data' 2>/dev/null || { echo "SKIP: ray is not installed (the ray extra)"; exit 77; }
+    set -e
+    local gpus results=$WORK/results
+    gpus=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
+    "$PY" -m gantool bench inpaint --ray --providers cuda --actors 1 --e2e-images 96 --json >"$results/ray_1.json"
+    if ((gpus > 1)); then
+        "$PY" -m gantool bench inpaint --ray --providers cuda --actors "$gpus" --e2e-images $((96 * gpus)) \
+            --json >"$results/ray_all.json"
+    fi
+    "$PY" - "$gpus" <<'PYEOF'
+import json, os, sys
+results = os.path.join(os.environ["WORK"], "results")
+gpus = int(sys.argv[1])
+one = json.load(open(os.path.join(results, "ray_1.json")))
+every = json.load(open(os.path.join(results, "ray_all.json"))) if gpus > 1 else None
+out = {"gpus": gpus, "one_gpu": one, "all_gpus": every,
+       "scaling": every["ray"]["images_per_s"] / one["ray"]["images_per_s"] if every else None}
+with open(os.path.join(results, "bench_ray.json"), "w") as f:
+    json.dump(out, f, indent=2)
+print(f"1 GPU: {one['ray']['images_per_s']:.1f} images/s (local pipeline {one['local']['images_per_s']:.1f})")
+if every:
+    print(f"{gpus} GPUs: {every['ray']['images_per_s']:.1f} images/s, {out['scaling']:.2f}x one GPU")
+PYEOF
+}
+
 export -f stage_install stage_env stage_pytest_cuda stage_train_bf16 stage_export stage_ort_cuda \
-    stage_bench_train stage_bench_inpaint
+    stage_bench_train stage_bench_inpaint stage_bench_ray
 
 # ------------------------------------------------------------------- choose a Python
 
@@ -373,6 +402,7 @@ run_stage export 120 stage_export
 run_stage ort_cuda 60 stage_ort_cuda
 run_stage bench_train 120 stage_bench_train
 run_stage bench_inpaint 150 stage_bench_inpaint
+run_stage bench_ray 150 stage_bench_ray
 
 write_summary || exit 1
 echo "[gpu_check] summary: $SUMMARY" >&2

@@ -13,6 +13,7 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from click.testing import CliRunner
@@ -23,6 +24,7 @@ from gantool.cli import cli
 from gantool.artifacts import default_model_dir, read_model_metadata, resolve_model
 from gantool.inference import Inpainter
 from gantool.runtime import OnnxBackend
+from gantool.provenance import find_machine_traces
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = REPO / "models"
@@ -53,6 +55,14 @@ def test_both_files_carry_the_same_weights_and_config():
     generator, _ = load_generator_weights(WEIGHTS)
     assert weights_sha256(generator.state_dict()) == onnx_meta["gantool.weights_sha256"]
     assert onnx_meta["gantool.precision"] == "fp32"
+
+
+def test_shipped_models_carry_no_trace_of_the_machine_that_built_them():
+    for path in (ONNX, WEIGHTS):
+        assert find_machine_traces(path) == [], path.name
+        assert b'File "/' not in path.read_bytes(), path.name
+    annotated = [p.key for node in onnx.load(str(ONNX)).graph.node for p in node.metadata_props]
+    assert annotated == []  # no pkg.torch.onnx.stack_trace and friends
 
 
 @pytest.mark.parametrize("shape", [(1, 96, 96), (2, 64, 128)])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -31,12 +32,13 @@ from gantool.export import (
 )
 from gantool.parity import onnx_session
 from gantool.processing import crop_padding, image_to_array, mask_to_array, pad_to_multiple, read_image, to_batch, to_uint8
+from gantool.provenance import find_machine_traces
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 
 CONTRACT_KEYS = {
     "gantool.version", "gantool.model_config", "gantool.processing", "gantool.train_step", "gantool.train_phase",
-    "gantool.weights_sha256", "gantool.precision", "gantool.source", "gantool.exported_at", "gantool.torch_version",
+    "gantool.weights_sha256", "gantool.precision", "gantool.source", "gantool.torch_version",
 }  # fmt: skip
 OUTPUT_NAMES = ("generator.onnx", "generator.torchscript.pt", "generator.safetensors", "export_report.json")
 
@@ -128,6 +130,42 @@ def test_report_json_beside_the_model(full_export):
     assert report["files"]["onnx"]["bytes"] == (out / "generator.onnx").stat().st_size
     assert report["fold_batchnorm_max_abs"] <= 1e-4
     assert any("fp16" in note for note in report["notes"])  # says what ORT CPU cannot measure
+    # The checkpoint by name and hash, not by path; the export time lives here, not in the models.
+    checkpoint, _, _ = full_export
+    assert report["checkpoint"] == {"file": "last.pt", "sha256": hashlib.sha256(checkpoint.read_bytes()).hexdigest()}
+    assert report["exported_at"].endswith("+00:00") and report["keep_debug_info"] is False
+
+
+def archive_members(path: Path) -> dict[str, bytes]:
+    """The file itself, plus every member when it is a zip archive (TorchScript)."""
+    members = {path.name: path.read_bytes()}
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            members.update({f"{path.name}:{name}": archive.read(name) for name in archive.namelist()})
+    return members
+
+
+def test_no_exported_file_carries_a_trace_of_this_machine(full_export, tmp_path_factory):
+    checkpoint, out, _ = full_export
+    forbidden = {
+        str(tmp_path_factory.getbasetemp()),  # the test's own temporary folders (the checkpoint lives there)
+        str(checkpoint.parent),
+        str(Path.home()),
+        str(REPO_ROOT),  # the checkout the exporter's source files live in
+        'File "/',
+    }
+    for path in sorted(out.iterdir()):
+        for member, data in archive_members(path).items():
+            for needle in forbidden:
+                assert needle.encode() not in data, f"{member} carries {needle!r}"
+        assert find_machine_traces(path) == [], path.name
+    with zipfile.ZipFile(out / "generator.torchscript.pt") as archive:
+        names = archive.namelist()
+    assert not [n for n in names if n.endswith(".debug_pkl")]
+    assert {n.split("/")[0] for n in names} == {"generator.torchscript"}  # not the temp file's name
+    model = onnx.load(str(out / "generator.onnx"))
+    assert not any(len(n.metadata_props) or n.doc_string for n in model.graph.node)
+    assert not len(model.graph.metadata_props) and not any(len(v.metadata_props) for v in model.graph.value_info)
 
 
 def test_torchscript_runs_other_shapes_and_keeps_known_pixels(full_export):
@@ -146,9 +184,11 @@ def test_info_shows_model_metadata(full_export):
         result = invoke("info", out / name)
         assert result.exit_code == 0, result.output
         assert "gantool.weights_sha256" in result.output and "gantool.train_step: 42" in result.output
+        assert "Warning" not in result.output  # a clean export carries no machine traces
     result = invoke("info", out / "generator.onnx", "--json")
     data = json.loads(result.output)
     assert data["kind"] == "onnx" and data["metadata"]["gantool.model_config"]["width"] == TINY_CONFIG.width
+    assert data["warnings"] == []
 
 
 def test_info_summarises_a_checkpoint(full_export):

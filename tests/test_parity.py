@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT, TINY_CONFIG, briefly_trained_generator, random_generator
+from inpaint_helpers import GPU_ONLY
 from gantool.checkpoint import generator_from_checkpoint, load_checkpoint, load_generator_weights, weights_sha256
 from gantool.config import ModelConfig
-from gantool.errors import ProviderError
 from gantool.artifacts import read_model_metadata
 from gantool.export import HalfPrecisionGenerator, export_generator
 from gantool.networks import fold_batchnorm
@@ -25,7 +25,6 @@ from gantool.parity import (
     ParityCase,
     case_inputs,
     compare,
-    cuda_worth_trying,
     default_cases,
     failures,
     onnx_session,
@@ -114,14 +113,11 @@ def test_onnx_has_dynamic_batch_and_size(exported):
         assert value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
 
 
+@GPU_ONLY  # skips only where no NVIDIA GPU is visible
 def test_onnxruntime_cuda_parity(exported):
-    if not cuda_worth_trying():
-        pytest.skip("no CUDA device: torch.cuda.is_available() is False and no GPU driver for ONNX Runtime")
-    try:
-        fp32 = onnx_session(exported.result.paths["onnx"], cuda=True)
-        fp16 = onnx_session(exported.result.paths["onnx_fp16"], cuda=True)
-    except ProviderError as e:
-        pytest.skip(str(e))
+    # A GPU is visible: a CUDA provider that fails to load (ProviderError) is a failure, not a skip.
+    fp32 = onnx_session(exported.result.paths["onnx"], cuda=True)
+    fp16 = onnx_session(exported.result.paths["onnx_fp16"], cuda=True)
     backends = [
         BackendSpec("onnxruntime-cuda", onnxruntime_backend(fp32)),
         BackendSpec("onnxruntime-cuda-fp16", onnxruntime_backend(fp16), "fp16"),
@@ -164,6 +160,22 @@ def test_sweep_fails_an_error_above_atol_in_the_hole(eager_reference):
     assert not report["passed"]
     assert report["backends"]["suspect"]["max_abs_hole"] == pytest.approx(1e-3, rel=1e-3)
     assert "max abs error" in failures(report)[0]
+
+
+def test_sweep_verdict_with_one_passing_and_one_failing_backend(eager_reference):
+    def drifting(image, mask):
+        return eager_reference(image, mask) + (1e-3 * mask).astype(np.float32)
+
+    cases = [ParityCase(1, 32, 32, "box"), ParityCase(2, 12, 20, "full")]
+    good, bad = BackendSpec("good", eager_reference), BackendSpec("bad", drifting)
+    for order in ([good, bad], [bad, good]):
+        report = parity_sweep(eager_reference, order, cases, TINY_CONFIG.local_size, ATOL, MIN_PSNR)
+        assert report["backends"]["good"]["passed"] and not report["backends"]["bad"]["passed"]
+        assert report["passed"] is False  # one failing backend fails the whole sweep
+        assert [line.split(":")[0] for line in failures(report)] == ["bad"]
+    report = parity_sweep(eager_reference, [good, BackendSpec("good too", eager_reference)], cases,
+                          TINY_CONFIG.local_size, ATOL, MIN_PSNR)  # fmt: skip
+    assert report["passed"] is True and failures(report) == []
 
 
 def test_sweep_fails_a_changed_known_pixel(eager_reference):

@@ -38,7 +38,6 @@ META_TRAIN_PHASE = "gantool.train_phase"
 META_WEIGHTS_SHA256 = "gantool.weights_sha256"  # of the unfolded generator weights
 META_PRECISION = "gantool.precision"
 META_SOURCE = "gantool.source"  # the checkpoint's file name
-META_EXPORTED_AT = "gantool.exported_at"
 META_TORCH_VERSION = "gantool.torch_version"
 # TorchScript keeps metadata as an extra file inside its archive.
 TORCHSCRIPT_METADATA_ENTRY = "gantool_metadata.json"

@@ -355,28 +355,35 @@ def _box_mask_array(size: int, hole: int) -> np.ndarray:
     return mask
 
 
+def _write_bench_folder(root: Path, images: int, size: int) -> tuple[Path, Path]:
+    """``root/images/img_NNN.png`` (size x size) and ``root/mask.png`` (one centred box)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    folder = root / "images"
+    folder.mkdir()
+    # Smooth images with noise: PNG sizes like photos', not like flat colour.
+    y, x = np.mgrid[0:size, 0:size].astype(np.float32) / size
+    for i in range(images):
+        base = np.stack([x, y, (x + y) / 2], axis=2) * 180 + rng.integers(0, 60, (size, size, 3))
+        Image.fromarray(base.astype(np.uint8)).save(folder / f"img_{i:03d}.png")
+    mask_path = root / "mask.png"
+    Image.fromarray(_box_mask_array(size, size // 4)).save(mask_path)
+    return folder, mask_path
+
+
 def bench_end_to_end(model: str | Path | None, images: int, size: int, provider: str, strategy: str = "auto",
                      batch_size: int = 4) -> dict[str, Any]:
     """``gantool inpaint``'s file loop (read, mask, pre/post-process, run, write PNG)
     over ``images`` files of ``size`` px: wall time against summed backend.run time."""
     import tempfile
 
-    from PIL import Image
-
     start = time.perf_counter()
     backend = _TimedBackend(load_backend(model, provider, "onnx"))
     load_s = time.perf_counter() - start
-    rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(prefix="gantool-bench-") as tmp:
-        folder, out = Path(tmp) / "images", Path(tmp) / "out"
-        folder.mkdir()
-        # Smooth images with noise: PNG sizes like photos', not like flat colour.
-        y, x = np.mgrid[0:size, 0:size].astype(np.float32) / size
-        for i in range(images):
-            base = np.stack([x, y, (x + y) / 2], axis=2) * 180 + rng.integers(0, 60, (size, size, 3))
-            Image.fromarray(base.astype(np.uint8)).save(folder / f"img_{i:03d}.png")
-        mask_path = Path(tmp) / "mask.png"
-        Image.fromarray(_box_mask_array(size, size // 4)).save(mask_path)
+        folder, mask_path = _write_bench_folder(Path(tmp), images, size)
+        out = Path(tmp) / "out"
         start = time.perf_counter()
         summary = run_inpaint([folder], backend, mask=mask_path, output=out, strategy=strategy, batch_size=batch_size)  # type: ignore[arg-type]
         wall = time.perf_counter() - start
@@ -466,3 +473,387 @@ def bench_inpaint(
         crop.update(goal=2.0, met=crop["ratio"] <= 2.0)
         goals["crop_2048_vs_256"] = crop
     return result
+
+
+def bench_ray_inpaint(
+    model: str | Path | None = None,
+    images: int = 200,
+    size: int = 512,
+    provider: str = "cpu",
+    strategy: str = "auto",
+    batch_size: int = 4,
+    actors: int | None = None,
+    address: str | None = None,
+) -> dict[str, Any]:
+    """``gantool inpaint --ray`` against ``gantool inpaint`` on the same folder.
+
+    The local pipeline's rate is images / wall time with the model already open.
+    The Ray path's per-image rate is measured on the driver between the first and
+    the last batch of results (they stream back one batch at a time); its fixed
+    start-up (ray.init, starting the actors and opening the model in each, the
+    first batch) is the rest of its wall time, reported apart.
+    """
+    import tempfile
+
+    from gantool.ray_inpaint import import_ray, ray_inpaint
+
+    if images < 4 * batch_size:
+        raise InputError(f"--e2e-images must be at least {4 * batch_size} to measure the Ray path's rate")
+    ray = import_ray()
+    with tempfile.TemporaryDirectory(prefix="gantool-bench-ray-") as tmp:
+        root = Path(tmp)
+        folder, mask_path = _write_bench_folder(root, images, size)
+        start = time.perf_counter()
+        backend = load_backend(model, provider, "onnx")
+        local_load = time.perf_counter() - start
+        start = time.perf_counter()
+        local = run_inpaint([folder], backend, mask=mask_path, output=root / "local", strategy=strategy,
+                            batch_size=batch_size)  # fmt: skip
+        local_wall = time.perf_counter() - start
+
+        started_here = not ray.is_initialized()
+        start = time.perf_counter()
+        if started_here:
+            ray.init(address=address, include_dashboard=False, logging_level="WARNING")
+        init_s = time.perf_counter() - start
+        try:
+            summary = ray_inpaint([folder], model=model, provider=provider, backend_name="onnx", mask=mask_path,
+                                  output=root / "ray", strategy=strategy, batch_size=batch_size,
+                                  actors=actors)  # fmt: skip
+        finally:
+            if started_here:
+                ray.shutdown()
+    done = sorted(summary.finished_at)
+    if len(done) != images:
+        raise GantoolError(f"the Ray run reported {len(done)} of {images} images")
+    steady_s = done[-1] - done[batch_size - 1]  # from the end of the first batch to the last result
+    rate = (images - batch_size) / steady_s if steady_s > 0 else float("inf")
+    local_rate = images / local_wall
+    ray_wall = init_s + summary.seconds
+    return {
+        "benchmark": "inpaint --ray",
+        "images": images, "size": size, "strategy": strategy, "batch_size": batch_size,
+        "provider": summary.provider, "where": summary.where, "cpu_count": os.cpu_count(),
+        "local": {"model_load_s": local_load, "wall_s": local_wall, "images_per_s": local_rate,
+                  "failed": local.failed},
+        "ray": {"ray_init_s": init_s, "wall_s": ray_wall, "images_per_s": rate,
+                "startup_s": ray_wall - images / rate, "first_batch_s": summary.startup_seconds,
+                "failed": summary.failed},
+        "ratio": rate / local_rate,
+        "goal": 0.8,
+        "met": rate / local_rate >= 0.8,
+        "measures": "images/s of the local pipeline (model open) vs the Ray path between its first and last "
+                    "batch of results; Ray's fixed start-up = its wall time (with ray.init) minus images / that rate",
+    }  # fmt: skip
+
+
+# -------------------------------------------------------------------------- bench serve
+
+SERVE_GOAL_RATIO = 0.85
+SERVE_GOAL_RSS_GROWTH = 0.10
+
+
+def _process_rss_mb(pid: int) -> float | None:
+    """Resident memory of another process (Linux /proc), None elsewhere."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _serve_inputs(size: int, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``count`` distinct smooth-plus-noise RGB images with a centred square hole (size / 4)."""
+    y, x = np.mgrid[0:size, 0:size].astype(np.float32) / size
+    hole = np.zeros((size, size), np.uint8)
+    lo, hi = size * 3 // 8, size * 5 // 8
+    hole[lo:hi, lo:hi] = 255
+    items = []
+    for seed in range(count):
+        rng = np.random.default_rng(seed)
+        base = np.stack([x, y, 0.5 + 0.4 * np.sin(x * 20 + y * 13 + seed)], axis=2)
+        rgb = np.clip(base * 200 + rng.integers(0, 50, (size, size, 3)), 0, 255).astype(np.uint8)
+        items.append((rgb, hole))
+    return items
+
+
+def _png(array: np.ndarray) -> bytes:
+    from io import BytesIO
+
+    from PIL import Image
+
+    buffer = BytesIO()
+    Image.fromarray(array).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _multipart(image: bytes, mask: bytes, boundary: str) -> bytes:
+    parts = []
+    for name, data in (("image", image), ("mask", mask)):
+        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{name}.png"\r\n'
+                     "Content-Type: image/png\r\n\r\n".encode() + data + b"\r\n")
+    return b"".join(parts) + f"--{boundary}--\r\n".encode()
+
+
+class _ServerProcess:
+    """``gantool serve --port 0`` in a subprocess; its output is drained on a thread."""
+
+    def __init__(self, args: list[str], timeout_s: float) -> None:
+        import subprocess
+        import threading
+
+        import gantool
+
+        env = dict(os.environ)
+        package_root = str(Path(gantool.__file__).resolve().parents[1])  # so `-m gantool` finds this gantool
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gantool", "serve", "--port", "0", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        )
+        self.lines: list[str] = []
+        self.url: str | None = None
+        found = threading.Event()
+
+        def drain() -> None:
+            assert self.process.stdout is not None
+            for line in self.process.stdout:
+                self.lines.append(line.rstrip("\n"))
+                if self.url is None and line.startswith("serving on "):
+                    self.url = line.split()[2].rstrip("/")
+                    found.set()
+            found.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        if not found.wait(timeout_s) or self.url is None:
+            self.stop()
+            from gantool.errors import GantoolError
+
+            tail = " | ".join(self.lines[-3:]) or "no output"
+            raise GantoolError(f"gantool serve did not start: {tail}")
+
+    def stop(self) -> None:
+        import subprocess
+
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
+def _wait_ready(url: str, deadline: float) -> None:
+    import urllib.error
+    import urllib.request
+
+    from gantool.errors import GantoolError
+
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/readyz", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.1)
+    raise GantoolError(f"{url} was not ready in time")
+
+
+def bench_serve(
+    model: str | Path | None = None,
+    requests: int = 200,
+    concurrency: int = 8,
+    size: int = 512,
+    provider: str = "auto",
+    backend: str = "auto",
+    precision: str = "auto",
+    max_batch: int | None = None,
+    batch_wait_ms: float | None = None,
+    baseline_images: int = 16,
+    distinct_images: int = 8,
+    timeout_s: float = 1800.0,
+) -> dict[str, Any]:
+    """``gantool serve`` under load against the in-process :class:`gantool.Inpainter`.
+
+    The in-process throughput is measured before and after the server run
+    (``baseline_images`` images each time, one ``Inpainter.inpaint`` call each,
+    after one warm-up; the mean is compared). Between them a server
+    starts on a free loopback port and ``concurrency`` client threads (keep-alive
+    connections) send ``requests`` POST /v1/inpaint of the same images (PNG,
+    a centred size/4 hole); the first answer for each image is checked (size,
+    known pixels). Every loop is bounded by count and by ``timeout_s``.
+    """
+    import http.client
+    import threading
+    from io import BytesIO
+    from urllib.parse import urlsplit
+
+    from PIL import Image
+
+    from gantool import Inpainter
+    from gantool.constants import DEFAULT_SERVE_BATCH_WAIT_MS, DEFAULT_SERVE_MAX_BATCH
+    from gantool.errors import InputError
+
+    if requests < 1 or concurrency < 1 or baseline_images < 1 or distinct_images < 1:
+        raise InputError("--requests, --concurrency, --baseline-images and --images must be at least 1")
+    if size < 8:
+        raise InputError("--size must be at least 8")
+    max_batch = max_batch or DEFAULT_SERVE_MAX_BATCH
+    batch_wait_ms = DEFAULT_SERVE_BATCH_WAIT_MS if batch_wait_ms is None else batch_wait_ms
+    deadline = time.monotonic() + timeout_s
+    inputs = _serve_inputs(size, distinct_images)
+
+    inpainter = Inpainter(model, provider, backend, precision=precision, batch_size=max_batch)
+    masks = [(mask > 127).astype(np.float32) for _, mask in inputs]
+    inpainter.inpaint(inputs[0][0], masks[0])  # warm-up
+
+    def in_process_seconds() -> float:
+        start = time.perf_counter()
+        for index in range(baseline_images):
+            inpainter.inpaint(inputs[index % len(inputs)][0], masks[index % len(inputs)])
+        return time.perf_counter() - start
+
+    def with_codec_seconds() -> float:
+        """The same, from PNG bytes to PNG bytes with the server's own decode/encode."""
+        from gantool.serve import decode_request, encode_image  # the serve extra (FastAPI)
+
+        start = time.perf_counter()
+        for index in range(baseline_images):
+            image_png, mask_png = pngs[index % len(pngs)]
+            image, holes = decode_request(BytesIO(image_png), BytesIO(mask_png), [], size * size)
+            encode_image(inpainter.inpaint(image, holes), "png")
+        return time.perf_counter() - start
+
+    pngs = [(_png(rgb), _png(mask)) for rgb, mask in inputs]
+    # Measured before and after the server run (the mean is used), so a machine whose
+    # load changes during the run does not favour either side.
+    in_process_s = [in_process_seconds()]
+    codec_s = [with_codec_seconds()]
+    model_name, backend_name, provider_name = str(inpainter.backend.path), inpainter.backend.name, inpainter.provider
+
+    boundary = "gantoolbench"
+    bodies = [_multipart(image_png, mask_png, boundary) for image_png, mask_png in pngs]
+    args = ["--provider", provider, "--backend", backend, "--precision", precision, "--max-batch", str(max_batch),
+            "--batch-wait-ms", str(batch_wait_ms), "--max-queue", str(max(16, 2 * concurrency))]
+    if model is not None:
+        args += ["--model", str(model)]
+    server = _ServerProcess(args, max(1.0, deadline - time.monotonic()))
+    try:
+        assert server.url is not None
+        _wait_ready(server.url, deadline)
+        pid = server.process.pid
+        rss_ready = _process_rss_mb(pid)
+        parts = urlsplit(server.url)
+        lock = threading.Lock()
+        state: dict[str, Any] = {"next": 0, "done": 0, "rss_at_50": None}
+        latencies: list[float] = []
+        errors: list[str] = []
+        checked: set[int] = set()
+
+        def check(index: int, data: bytes) -> str | None:
+            rgb, mask = inputs[index]
+            with Image.open(BytesIO(data)) as img:
+                result = np.asarray(img.convert("RGB"))
+            if result.shape != rgb.shape:
+                return f"answer is {result.shape[1]}x{result.shape[0]}, not {size}x{size}"
+            if not np.array_equal(result[mask <= 127], rgb[mask <= 127]):
+                return "known pixels changed"
+            return None
+
+        def client() -> None:
+            connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=300)
+            while True:
+                with lock:
+                    number = state["next"]
+                    if number >= requests or time.monotonic() > deadline:
+                        break
+                    state["next"] += 1
+                index = number % len(bodies)
+                began = time.perf_counter()
+                problem = None
+                try:
+                    connection.request("POST", "/v1/inpaint", body=bodies[index],
+                                       headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+                    response = connection.getresponse()
+                    data = response.read()
+                    if response.status != 200:
+                        problem = f"HTTP {response.status}: {data[:200]!r}"
+                except (OSError, http.client.HTTPException) as e:
+                    problem = f"{type(e).__name__}: {e}"
+                    connection.close()
+                    connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=300)
+                elapsed = time.perf_counter() - began
+                with lock:
+                    first_answer = problem is None and index not in checked
+                    checked.add(index)
+                if first_answer:
+                    problem = check(index, data)
+                with lock:
+                    state["done"] += 1
+                    if problem is None:
+                        latencies.append(elapsed)
+                    else:
+                        errors.append(problem)
+                    if state["done"] == min(50, requests):
+                        state["rss_at_50"] = _process_rss_mb(pid)
+            connection.close()
+
+        threads = [threading.Thread(target=client, name=f"bench-client-{i}") for i in range(concurrency)]
+        start = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(max(1.0, deadline - time.monotonic() + 310))
+        wall_s = time.perf_counter() - start
+        rss_end = _process_rss_mb(pid)
+    finally:
+        server.stop()
+    in_process_s.append(in_process_seconds())
+    codec_s.append(with_codec_seconds())
+
+    served = len(latencies)
+    ms = np.asarray(latencies) * 1e3 if latencies else np.asarray([np.nan])
+    server_ips = served / wall_s if wall_s > 0 else 0.0
+    in_process_ips = baseline_images / statistics.mean(in_process_s)
+    ratio = server_ips / in_process_ips if in_process_ips > 0 else 0.0
+    rss_at_50 = state["rss_at_50"]
+    rss_growth = (rss_end - rss_at_50) / rss_at_50 if rss_end is not None and rss_at_50 else None
+    return {
+        "benchmark": "serve",
+        "model": model_name,
+        "backend": backend_name,
+        "provider": provider_name,
+        "cpu_count": os.cpu_count(),
+        "size": size,
+        "requests": requests,
+        "sent": state["next"],
+        "concurrency": concurrency,
+        "max_batch": max_batch,
+        "batch_wait_ms": batch_wait_ms,
+        "ok": served,
+        "errors": len(errors),
+        "error_examples": sorted(set(errors))[:3],
+        "latency_ms": {"p50": float(np.percentile(ms, 50)), "p95": float(np.percentile(ms, 95)),
+                       "p99": float(np.percentile(ms, 99))},
+        "wall_s": wall_s,
+        "server_images_per_s": server_ips,
+        "in_process_images_per_s": in_process_ips,
+        "in_process_images": baseline_images,
+        "in_process_images_per_s_before_after": [baseline_images / s for s in in_process_s],
+        # PNG bytes in and out, as the server does: what HTTP and batching alone cost.
+        "in_process_png_images_per_s": baseline_images / statistics.mean(codec_s),
+        "ratio_to_png_in_process": server_ips * statistics.mean(codec_s) / baseline_images,
+        "ratio": ratio,
+        "rss_mb": {"ready": rss_ready, "after_50": rss_at_50, "after_all": rss_end},
+        "goals": {
+            "throughput": {"goal": SERVE_GOAL_RATIO, "ratio": ratio, "errors": len(errors),
+                           "met": ratio >= SERVE_GOAL_RATIO and not errors and served == requests},
+            "rss_stable": {"goal": SERVE_GOAL_RSS_GROWTH, "growth": rss_growth,
+                           "met": rss_growth is not None and rss_growth <= SERVE_GOAL_RSS_GROWTH},
+        },
+    }

@@ -21,7 +21,7 @@ from gantool import __version__
 from gantool.artifacts import META_MODEL_CONFIG
 from gantool.config import ModelConfig
 from gantool.errors import CheckpointError, first_line
-from gantool.fileio import atomic_save
+from gantool.fileio import atomic_save, atomic_write_bytes
 from gantool.networks import CompletionNetwork
 
 CHECKPOINT_FORMAT = "gantool-checkpoint"
@@ -120,7 +120,18 @@ def save_generator_weights(path: str | Path, generator: CompletionNetwork, metad
         raise ValueError(f"save_generator_weights needs {META_MODEL_CONFIG} in the metadata")
     meta = dict(metadata)
     tensors = {k: v.detach().cpu().contiguous() for k, v in generator.state_dict().items()}
-    return atomic_save(path, lambda tmp: safetensors.torch.save_file(tensors, str(tmp), metadata=meta))
+    data = _sorted_header(safetensors.torch.save(tensors, metadata=meta))
+    return atomic_write_bytes(path, data)
+
+
+def _sorted_header(data: bytes) -> bytes:
+    """The safetensors bytes with the header's keys sorted: safetensors writes the metadata
+    in hash order, which differs between runs; sorted, equal weights give equal files."""
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + length])
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # safetensors pads the header to 8 bytes with spaces
+    return len(text).to_bytes(8, "little") + text + data[8 + length :]
 
 
 def load_generator_weights(path: str | Path) -> tuple[CompletionNetwork, dict[str, str]]:

@@ -33,5 +33,20 @@ AUTO_CROP_FACTOR = 2
 # ``crop`` context around each hole, as a fraction of the train size.
 CROP_MARGIN_FRACTION = 0.25
 
+# `gantool serve` defaults (see gantool.serve).
+DEFAULT_SERVE_HOST = "127.0.0.1"
+DEFAULT_SERVE_PORT = 8000
+# Requests that arrive within BATCH_WAIT_MS of the first one run together, up to MAX_BATCH.
+DEFAULT_SERVE_MAX_BATCH = 4
+DEFAULT_SERVE_BATCH_WAIT_MS = 10.0
+# Inpaint requests inside the server at once (read, queued or running); more get 503.
+DEFAULT_SERVE_MAX_QUEUE = 16
+DEFAULT_SERVE_MAX_UPLOAD_MB = 50.0
+# 40 MP: a 4000 x 3000 photo (12 MP) fits with room; decoded size is checked before decoding.
+DEFAULT_SERVE_MAX_PIXELS = 40_000_000
+SERVE_OUTPUT_FORMATS = ("png", "webp")
+# ``gantool inpaint --ray``: the run's JSON-lines record, in the output folder unless --manifest says.
+RAY_MANIFEST_NAME = "gantool-manifest.jsonl"
+
 # `gantool eval`'s comparison grid, written beside the command (never inside --data).
 DEFAULT_EVAL_GRID = "eval_grid.png"

@@ -25,8 +25,14 @@ from gantool.errors import first_line
 from gantool.providers import cuda_device_visible, try_provider
 
 ORT_DISTRIBUTIONS = (
-    "onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino",
-    "onnxruntime-qnn", "onnxruntime-training", "ort-nightly", "ort-nightly-gpu",
+    "onnxruntime",
+    "onnxruntime-gpu",
+    "onnxruntime-directml",
+    "onnxruntime-openvino",
+    "onnxruntime-qnn",
+    "onnxruntime-training",
+    "ort-nightly",
+    "ort-nightly-gpu",
 )
 # Providers that need a remote service or special hardware set-up to even open a session.
 SKIPPED_PROVIDERS = {"AzureExecutionProvider": "a remote-inference provider, not a local device"}
@@ -183,7 +189,9 @@ def diagnose(test_providers: bool = True) -> DoctorReport:
 
 def _gpu_ort_wheel() -> str:
     linux_or_windows = sys.platform.startswith(("linux", "win"))
-    return "onnxruntime-gpu" if linux_or_windows and platform.machine().lower() in ("x86_64", "amd64") else "onnxruntime"
+    return (
+        "onnxruntime-gpu" if linux_or_windows and platform.machine().lower() in ("x86_64", "amd64") else "onnxruntime"
+    )
 
 
 def _torch_findings(info: dict[str, Any], gpu: bool) -> list[Finding]:
@@ -191,15 +199,29 @@ def _torch_findings(info: dict[str, Any], gpu: bool) -> list[Finding]:
         return [Finding("error", f"torch is not importable ({info['error']})", "pip install torch")]
     if info["cuda_build"] is None:
         if gpu:
-            return [Finding("problem", f"an NVIDIA GPU is visible but torch {info['version']} is a CPU-only build",
-                            f"pip install torch --index-url {TORCH_CUDA_INDEX}")]
-        return [Finding("info", f"torch {info['version']} is a CPU-only build and no NVIDIA GPU is visible: "
-                                "training and eager inference run on the CPU")]
+            return [
+                Finding(
+                    "problem",
+                    f"an NVIDIA GPU is visible but torch {info['version']} is a CPU-only build",
+                    f"pip install torch --index-url {TORCH_CUDA_INDEX}",
+                )
+            ]
+        return [
+            Finding(
+                "info",
+                f"torch {info['version']} is a CPU-only build and no NVIDIA GPU is visible: "
+                "training and eager inference run on the CPU",
+            )
+        ]
     if not info["cuda_available"]:
         if gpu:
-            return [Finding("problem", f"torch {info['version']} was built for CUDA {info['cuda_build']} "
-                                       "but finds no usable GPU", "check the NVIDIA driver (nvidia-smi) and "
-                                       "that it supports this CUDA version")]
+            return [
+                Finding(
+                    "problem",
+                    f"torch {info['version']} was built for CUDA {info['cuda_build']} but finds no usable GPU",
+                    "check the NVIDIA driver (nvidia-smi) and that it supports this CUDA version",
+                )
+            ]
         return [Finding("info", f"torch has CUDA {info['cuda_build']} support but no NVIDIA GPU is visible")]
     return []
 
@@ -210,12 +232,18 @@ def _ort_findings(info: dict[str, Any], checks: list[ProviderCheck], gpu: bool, 
     wheel = _gpu_ort_wheel()
     if len(packages) > 1:
         names = " and ".join(packages)
-        findings.append(Finding(
-            "problem", f"{names} are installed together: they share the onnxruntime module and overwrite "
-                       "each other's files, so which one runs is an accident",
-            f"pip uninstall -y {' '.join(packages)} && pip install {wheel}"))
+        findings.append(
+            Finding(
+                "problem",
+                f"{names} are installed together: they share the onnxruntime module and overwrite "
+                "each other's files, so which one runs is an accident",
+                f"pip uninstall -y {' '.join(packages)} && pip install {wheel}",
+            )
+        )
     if not info["importable"]:
-        fix = f"pip install {wheel}" if not packages else f"pip uninstall -y {' '.join(packages)} && pip install {wheel}"
+        fix = (
+            f"pip install {wheel}" if not packages else f"pip uninstall -y {' '.join(packages)} && pip install {wheel}"
+        )
         findings.append(Finding("error", f"onnxruntime is not importable ({info['error']})", fix))
         return findings
     if not tested:
@@ -223,56 +251,90 @@ def _ort_findings(info: dict[str, Any], checks: list[ProviderCheck], gpu: bool, 
     by_name = {c.name: c for c in checks}
     cpu = by_name.get("CPUExecutionProvider")
     if cpu is None or not cpu.ran:
-        findings.append(Finding("error", f"the ONNX Runtime CPU provider did not run a test model"
-                                         f"{': ' + cpu.cause if cpu and cpu.cause else ''}",
-                                f"pip install --force-reinstall {wheel}"))
+        findings.append(
+            Finding(
+                "error",
+                f"the ONNX Runtime CPU provider did not run a test model"
+                f"{': ' + cpu.cause if cpu and cpu.cause else ''}",
+                f"pip install --force-reinstall {wheel}",
+            )
+        )
     cuda = by_name.get("CUDAExecutionProvider")
     if cuda is None:
         if gpu:
-            findings.append(Finding("problem", f"an NVIDIA GPU is visible but onnxruntime {info['version']} has "
-                                               "no CUDA provider (a CPU-only build)",
-                                    f"pip uninstall -y {' '.join(packages) or 'onnxruntime'} && "
-                                    "pip install onnxruntime-gpu"))
+            findings.append(
+                Finding(
+                    "problem",
+                    f"an NVIDIA GPU is visible but onnxruntime {info['version']} has "
+                    "no CUDA provider (a CPU-only build)",
+                    f"pip uninstall -y {' '.join(packages) or 'onnxruntime'} && pip install onnxruntime-gpu",
+                )
+            )
     elif not cuda.loadable:
         if gpu:
-            findings.append(Finding("problem", f"CUDAExecutionProvider is available but does not load: {cuda.cause}",
-                                    "onnxruntime-gpu needs CUDA 13 and cuDNN 9: pip install \"onnxruntime-gpu[cuda,cudnn]\" "
-                                    f"or a CUDA build of torch (pip install torch --index-url {TORCH_CUDA_INDEX})"))
+            findings.append(
+                Finding(
+                    "problem",
+                    f"CUDAExecutionProvider is available but does not load: {cuda.cause}",
+                    'onnxruntime-gpu needs CUDA 13 and cuDNN 9: pip install "onnxruntime-gpu[cuda,cudnn]" '
+                    f"or a CUDA build of torch (pip install torch --index-url {TORCH_CUDA_INDEX})",
+                )
+            )
         else:
-            findings.append(Finding("info", "CUDAExecutionProvider is listed by onnxruntime but not loadable: "
-                                            "no NVIDIA GPU is visible; gantool runs on the CPU"))
+            findings.append(
+                Finding(
+                    "info",
+                    "CUDAExecutionProvider is listed by onnxruntime but not loadable: "
+                    "no NVIDIA GPU is visible; gantool runs on the CPU",
+                )
+            )
     trt = by_name.get("TensorrtExecutionProvider")
     if trt is not None and not trt.loadable and gpu and cuda is not None and cuda.loadable:
-        findings.append(Finding("info", f"TensorrtExecutionProvider does not load ({trt.cause}); "
-                                        "CUDA works, TensorRT is optional",
-                                "pip install tensorrt-cu13 (only for --provider tensorrt)"))
+        findings.append(
+            Finding(
+                "info",
+                f"TensorrtExecutionProvider does not load ({trt.cause}); CUDA works, TensorRT is optional",
+                "pip install tensorrt-cu13 (only for --provider tensorrt)",
+            )
+        )
     return findings
 
 
 def _model_findings() -> list[Finding]:
     folder = default_model_dir()
     if folder is None:
-        return [Finding("problem", "no shipped model found in models/: `gantool inpaint` needs --model",
-                        "reinstall gantool, or export one and pass --model")]
+        return [
+            Finding(
+                "problem",
+                "no shipped model found in models/: `gantool inpaint` needs --model",
+                "reinstall gantool, or export one and pass --model",
+            )
+        ]
     return [Finding("info", f"shipped model: {folder}")]
 
 
 def report_lines(report: DoctorReport) -> list[str]:
     """A human-readable report, one fact per line."""
     t, o = report.torch, report.onnxruntime
-    lines = [f"python {report.python} on {report.platform}; NVIDIA GPU visible: {'yes' if report.gpu_visible else 'no'}"]
+    lines = [
+        f"python {report.python} on {report.platform}; NVIDIA GPU visible: {'yes' if report.gpu_visible else 'no'}"
+    ]
     if t["installed"]:
         cuda = f"CUDA {t['cuda_build']}" if t["cuda_build"] else "CPU-only build"
         cudnn = f", cuDNN {t['cudnn']}" if t["cudnn"] else ""
         devices = f", devices: {', '.join(t['devices'])}" if t["devices"] else ""
-        lines.append(f"torch {t['version']} ({cuda}{cudnn}); torch.cuda.is_available(): {t['cuda_available']}"
-                     f"{devices}; {t['threads']} CPU threads")
+        lines.append(
+            f"torch {t['version']} ({cuda}{cudnn}); torch.cuda.is_available(): {t['cuda_available']}"
+            f"{devices}; {t['threads']} CPU threads"
+        )
     else:
         lines.append("torch: not importable")
     packages = ", ".join(f"{k} {v}" for k, v in o["packages"].items()) or "none"
     lines.append(f"onnxruntime packages installed: {packages}")
     if o["importable"]:
-        lines.append(f"onnxruntime {o['version']}: available providers (built in): {', '.join(o['available_providers'])}")
+        lines.append(
+            f"onnxruntime {o['version']}: available providers (built in): {', '.join(o['available_providers'])}"
+        )
         for check in report.providers:
             state = "loads and runs" if check.ran else ("loads" if check.loadable else "NOT loadable")
             why = f" ({check.cause})" if check.cause else ""

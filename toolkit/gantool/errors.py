@@ -17,6 +17,10 @@ class InputError(GantoolError):
     """A user-supplied file, folder or option is unusable."""
 
 
+class SizeLimitError(InputError):
+    """An input is larger than a configured limit (pixels or bytes)."""
+
+
 class CheckpointError(GantoolError):
     """A checkpoint is missing, corrupt or not a gantool checkpoint."""
 

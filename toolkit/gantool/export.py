@@ -6,6 +6,12 @@ and ``mask`` (N x 1 x H x W, 1 = hole), output ``inpainted``; N, H and W are
 dynamic (H and W multiples of 4). Every file carries the same metadata
 (:func:`build_metadata`), which :func:`read_model_metadata` reads back.
 
+The files carry no trace of the machine that exported them (see
+:mod:`gantool.provenance`): the ONNX exporter's per-node stack traces and other
+annotations and TorchScript's ``.debug_pkl`` source records are stripped unless
+``keep_debug_info=True``, and the export time lives only in the report, so the
+same checkpoint exported twice gives byte-identical ONNX files.
+
 All outputs of one export are written to temp files and renamed into place only
 after every format exported and (unless ``verify=False``) passed the parity
 sweep, so a failed export leaves nothing new behind.
@@ -16,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime
+import hashlib
 import json
 import logging
 import time
@@ -38,7 +45,6 @@ from gantool.artifacts import (
     KIND_CHECKPOINT,
     KIND_ONNX,
     KIND_SAFETENSORS,
-    META_EXPORTED_AT,
     META_MODEL_CONFIG,
     META_PRECISION,
     META_PROCESSING,
@@ -78,6 +84,7 @@ from gantool.parity import (
     torch_backend,
 )
 from gantool.processing import processing_contract
+from gantool.provenance import find_machine_traces, redact_paths, strip_onnx_debug_info, strip_torchscript_debug_info
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +132,10 @@ def default_output_dir(checkpoint: str | Path) -> Path:
 
 
 def build_metadata(state: dict[str, Any], source: str = "", precision: str = "fp32") -> dict[str, str]:
-    """The metadata contract shared by every exported file (string keys and values)."""
+    """The metadata contract shared by every exported file (string keys and values).
+
+    Deterministic on purpose (no export time, no paths): equal checkpoints give equal files.
+    """
     config = model_config_of(state)
     return {
         META_VERSION: __version__,
@@ -136,7 +146,6 @@ def build_metadata(state: dict[str, Any], source: str = "", precision: str = "fp
         META_WEIGHTS_SHA256: weights_sha256(state["generator"]),
         META_PRECISION: precision,
         META_SOURCE: source,
-        META_EXPORTED_AT: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         META_TORCH_VERSION: torch.__version__,
     }
 
@@ -197,9 +206,18 @@ def _dynamic_shapes() -> dict[str, dict[int, Any]]:
 
 
 def export_onnx(
-    module: nn.Module, example: tuple[Tensor, Tensor], path: Path, metadata: dict[str, str], opset: int | None = None
+    module: nn.Module,
+    example: tuple[Tensor, Tensor],
+    path: Path,
+    metadata: dict[str, str],
+    opset: int | None = None,
+    keep_debug_info: bool = False,
 ) -> None:
-    """torch.onnx (dynamo) export, metadata added, onnx.checker (full), one self-contained file."""
+    """torch.onnx (dynamo) export, metadata added, onnx.checker (full), one self-contained file.
+
+    Unless ``keep_debug_info``, the exporter's annotations (per-node stack traces,
+    FX node text, name scopes, graph signature, doc strings) are stripped.
+    """
     import onnx
 
     try:
@@ -215,6 +233,8 @@ def export_onnx(
     got = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is not None and got != opset:
         raise ModelError(f"ONNX export could not target opset {opset} (the exporter produced opset {got})")
+    if not keep_debug_info:
+        strip_onnx_debug_info(model)
     kept = [p for p in model.metadata_props if p.key not in metadata]
     del model.metadata_props[:]
     model.metadata_props.extend(kept)
@@ -229,8 +249,20 @@ def export_onnx(
     onnx.save_model(model, str(path), save_as_external_data=False)
 
 
-def export_torchscript(folded: nn.Module, example: tuple[Tensor, Tensor], path: Path, metadata: dict[str, str]) -> None:
-    """torch.jit.trace, checked by the tracer on other shapes, metadata in _extra_files."""
+def export_torchscript(
+    folded: nn.Module,
+    example: tuple[Tensor, Tensor],
+    path: Path,
+    metadata: dict[str, str],
+    keep_debug_info: bool = False,
+    archive_name: str = "generator.torchscript",
+) -> None:
+    """torch.jit.trace, checked by the tracer on other shapes, metadata in _extra_files.
+
+    Unless ``keep_debug_info``, the archive is rewritten without its ``.debug_pkl``
+    source records (absolute paths of the traced Python files) and with the top
+    folder ``archive_name`` (torch would name it after the temp file).
+    """
     # One other batch size and a non-square size: the tracer re-traces and compares.
     check_inputs = [(torch.rand(3, 3, 12, 20), (torch.rand(3, 1, 12, 20) > 0.5).float())]
     try:
@@ -240,6 +272,8 @@ def export_torchscript(folded: nn.Module, example: tuple[Tensor, Tensor], path: 
     except Exception as e:  # TracingCheckError and friends
         logger.debug("TorchScript export failed", exc_info=True)
         raise ModelError(f"TorchScript export failed: {first_line(e)}") from None
+    if not keep_debug_info:
+        strip_torchscript_debug_info(path, root=archive_name)
 
 
 def check_options(formats: Sequence[str], opset: int | None, fp16: bool, atol: float) -> tuple[str, ...]:
@@ -278,12 +312,15 @@ def export_generator(
     overwrite: bool = False,
     cuda: bool | None = None,
     cases: Sequence[ParityCase] | None = None,
+    keep_debug_info: bool = False,
 ) -> ExportResult:
     """Export the generator of ``checkpoint_path`` and prove parity with eager PyTorch.
 
     ``cuda=None`` checks ONNX Runtime's CUDA provider too when a GPU is plausibly
     there; ``cases`` overrides the parity sweep (default :func:`default_cases`).
     Raises ParityError (a ModelError) when a backend fails; nothing is written then.
+    The files carry no absolute path or stack trace of this machine (checked with
+    :func:`gantool.provenance.find_machine_traces`) unless ``keep_debug_info``.
     """
     formats = check_options(formats, opset, fp16, atol)
     checkpoint_path = Path(checkpoint_path)
@@ -318,12 +355,14 @@ def export_generator(
             logger.info("exporting %s", targets[key].name)
             start = time.perf_counter()
             if key == "onnx":
-                export_onnx(folded, example, tmp[key], metadata, opset)
+                export_onnx(folded, example, tmp[key], metadata, opset, keep_debug_info)
             elif key == "onnx_fp16":
                 half = HalfPrecisionGenerator(folded).eval()
-                export_onnx(half, example, tmp[key], {**metadata, META_PRECISION: ARTIFACT[key].precision or "fp16"}, opset)
+                fp16_metadata = {**metadata, META_PRECISION: ARTIFACT[key].precision or "fp16"}
+                export_onnx(half, example, tmp[key], fp16_metadata, opset, keep_debug_info)
             else:
-                export_torchscript(folded, example, tmp[key], metadata)
+                archive_name = targets[key].name.removesuffix(".pt")
+                export_torchscript(folded, example, tmp[key], metadata, keep_debug_info, archive_name)
             seconds[key] = round(time.perf_counter() - start, 2)
         save_generator_weights(tmp["safetensors"], generator, metadata)
 
@@ -335,8 +374,15 @@ def export_generator(
                 raise ParityError(f"parity check failed: {problems[0]}", report)
         sizes = {key: tmp[key].stat().st_size for key in tmp if key != "report"}
         files = {key: {"file": targets[key].name, "bytes": sizes[key]} for key in sizes}
+        # The report ships beside the models: no absolute paths in notes (a provider's load error, say),
+        # the checkpoint by name and hash; the export time lives here, not in the model files.
+        notes = [redact_paths(note) for note in notes]
+        if report is not None:
+            report["notes"] = notes
         document = {
-            "checkpoint": str(checkpoint_path),
+            "checkpoint": {"file": checkpoint_path.name, "sha256": _file_sha256(checkpoint_path)},
+            "exported_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "keep_debug_info": keep_debug_info,
             "files": files,
             "metadata": metadata,
             "fold_batchnorm_max_abs": fold_error,
@@ -346,12 +392,33 @@ def export_generator(
             "notes": notes,
         }
         atomic_write_text(tmp["report"], json.dumps(report_to_json(document), indent=2) + "\n")
+        if not keep_debug_info:
+            _check_no_machine_traces(tmp, targets)
     # The new files are in place; files of the older export that this one did not write go.
     for key, stale in export_files(out_dir).items():
         if key not in targets:
             stale.unlink(missing_ok=True)
             logger.info("removed %s: it belonged to the previous export in %s", stale.name, out_dir)
     return ExportResult(checkpoint_path, out_dir, targets, sizes, metadata, report, notes)
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(2**20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _check_no_machine_traces(files: dict[str, Path], targets: dict[str, Path]) -> None:
+    """Fail the export (nothing renamed into place) if a written file still carries traces."""
+    for key, path in files.items():
+        traces = find_machine_traces(path, name=targets[key].name)
+        if traces:
+            raise ModelError(
+                f"{targets[key].name} still carries build-machine traces after cleaning ({traces[0]}); "
+                "use --keep-debug-info to export them anyway"
+            )
 
 
 def _file_non_finite_weights(path: Path, kind: str) -> str:
@@ -460,12 +527,14 @@ def describe_file(path: str | Path) -> dict[str, Any]:
     if kind != KIND_CHECKPOINT:
         meta = read_model_metadata(path)
         bad = _file_non_finite_weights(path, kind)
+        traces = find_machine_traces(path)  # absolute paths or stack traces it would leak
         return {
             "file": str(path),
             "kind": kind,
             "bytes": path.stat().st_size,
             "metadata": decode_metadata(meta),
-            "warnings": [f"non-finite weights: {bad}"] if bad else [],
+            "machine_traces": traces,
+            "warnings": ([f"non-finite weights: {bad}"] if bad else []) + traces,
         }
     state = load_checkpoint(path)
     train = state.get("train_config") or {}

@@ -249,8 +249,11 @@ class RunSummary:
         )
 
 
+# -------------------------------------------------------------------- per-file steps
+# Shared by inpaint_files and gantool.ray_inpaint, so both apply the same rules.
+
 # Per-file problems that skip one file, not the run.
-_FILE_ERRORS = (GantoolError, OSError, ValueError, MemoryError, Image.DecompressionBombError)
+FILE_ERRORS = (GantoolError, OSError, ValueError, MemoryError, Image.DecompressionBombError)
 
 
 def _chunks(items: Sequence[ImageJob], size: int) -> Iterator[Sequence[ImageJob]]:
@@ -258,11 +261,79 @@ def _chunks(items: Sequence[ImageJob], size: int) -> Iterator[Sequence[ImageJob]
         yield items[start : start + size]
 
 
-def _check_output(job: ImageJob, overwrite: bool, protected: set[Path]) -> None:
+def protected_paths(jobs: Sequence[ImageJob], masks: MaskSource) -> set[Path]:
+    """Inputs and mask files (resolved): never written to."""
+    return {job.source.resolve() for job in jobs} | {p.resolve() for p in masks.protected_files()}
+
+
+def check_output(job: ImageJob, overwrite: bool, protected: set[Path]) -> None:
     if job.output.resolve() in protected:
         raise InputError(f"refusing to write {job.output}: it is an input or mask file")
     if job.output.exists() and not overwrite:
         raise InputError(f"{job.output} exists (use --overwrite)")
+
+
+def file_error(job: ImageJob, error: BaseException) -> FileResult:
+    return FileResult(job.source, error=f"{job.source}: {first_line(error)}")
+
+
+class NoHole(Exception):
+    """The image's mask has no hole pixel: it is skipped and nothing is written (not an error)."""
+
+
+def no_hole(job: ImageJob) -> FileResult:
+    return FileResult(job.source, no_hole=True)
+
+
+def load_job(job: ImageJob, masks: MaskSource, overwrite: bool, protected: set[Path]) -> tuple[Image.Image, np.ndarray]:
+    """Check where the output goes, decode the image, find its holes.
+
+    Raises FILE_ERRORS for a bad file and :class:`NoHole` for an image with nothing to fill.
+    """
+    check_output(job, overwrite, protected)
+    image = read_image(job.source, lossless=True)
+    mask = masks.for_image(job, image)
+    if not (mask > 0.5).any():
+        raise NoHole(job.source)
+    return image, mask
+
+
+def inpaint_loaded(
+    backend: Backend,
+    items: Sequence[tuple[Image.Image, np.ndarray]],
+    strategy: str,
+    batch_size: int,
+    crop_margin: int | None,
+) -> list[Image.Image | Exception]:
+    """Results of ``inpaint_images`` for each item, or the error that image raised:
+    a failing batch is retried one by one, so one bad image does not fail its batch."""
+    try:
+        return list(inpaint_images(backend, items, strategy, batch_size, crop_margin))
+    except FILE_ERRORS:
+        pass
+    results: list[Image.Image | Exception] = []
+    for image, mask in items:
+        try:
+            results.append(inpaint_images(backend, [(image, mask)], strategy, 1, crop_margin)[0])
+        except FILE_ERRORS as e:
+            results.append(e)
+    return results
+
+
+def write_output(job: ImageJob, image: Image.Image, overwrite: bool) -> None:
+    """The result as PNG at ``job.output``, atomically."""
+    atomic_save(
+        job.output,
+        lambda tmp: image.save(tmp, format="PNG", compress_level=PNG_COMPRESS_LEVEL),
+        overwrite=overwrite,
+    )
+
+
+def written(job: ImageJob) -> FileResult:
+    return FileResult(job.source, output=job.output)
+
+
+# -------------------------------------------------------------------------- the loop
 
 
 def inpaint_files(
@@ -284,16 +355,12 @@ def inpaint_files(
     """
     start = time.perf_counter()
     summary = RunSummary(provider=backend.provider, backend=backend.name)
-    protected = {job.source.resolve() for job in jobs} | {p.resolve() for p in masks.protected_files()}
+    protected = protected_paths(jobs, masks)
 
     def report(result: FileResult) -> None:
         summary.results.append(result)
         if on_result is not None:
             on_result(result)
-
-    def save(job: ImageJob, image: Image.Image) -> None:
-        atomic_save(job.output, lambda tmp: image.save(tmp, format="PNG", compress_level=PNG_COMPRESS_LEVEL),
-                    overwrite=overwrite)
 
     # PNG encoding runs on a writer thread (zlib releases the GIL), overlapping the
     # next batch's model run; results are reported in job order.
@@ -304,23 +371,19 @@ def inpaint_files(
             job, mask, write = pending.popleft()
             try:
                 write.result()
-                report(FileResult(job.source, output=job.output))
-            except _FILE_ERRORS as e:
-                report(FileResult(job.source, error=f"{job.source}: {first_line(e)}"))
+                report(written(job))
+            except FILE_ERRORS as e:
+                report(file_error(job, e))
 
     def load(chunk: Sequence[ImageJob]) -> tuple[list[tuple[ImageJob, Image.Image, np.ndarray]], list[FileResult]]:
         loaded, failed = [], []
         for job in chunk:
             try:
-                _check_output(job, overwrite, protected)
-                image = read_image(job.source, lossless=True)
-                mask = masks.for_image(job, image)
-                if not (mask > 0.5).any():
-                    failed.append(FileResult(job.source, no_hole=True))
-                    continue
-                loaded.append((job, image, mask))
-            except _FILE_ERRORS as e:
-                failed.append(FileResult(job.source, error=f"{job.source}: {first_line(e)}"))
+                loaded.append((job, *load_job(job, masks, overwrite, protected)))
+            except NoHole:
+                failed.append(no_hole(job))
+            except FILE_ERRORS as e:
+                failed.append(file_error(job, e))
         return loaded, failed
 
     chunks = list(_chunks(jobs, batch_size))
@@ -334,20 +397,12 @@ def inpaint_files(
             upcoming = reader.submit(load, chunks[number + 1]) if number + 1 < len(chunks) else None
             for result in failed:
                 report(result)
-            try:
-                outputs = inpaint_images(backend, [(img, m) for _, img, m in loaded], strategy, batch_size, crop_margin)
-            except _FILE_ERRORS:
-                outputs = None  # retried one by one below, so one bad image does not fail its batch
-            for index, (job, image, mask) in enumerate(loaded):
-                try:
-                    if outputs is None:
-                        result = inpaint_images(backend, [(image, mask)], strategy, 1, crop_margin)[0]
-                    else:
-                        result = outputs[index]
-                except _FILE_ERRORS as e:
-                    report(FileResult(job.source, error=f"{job.source}: {first_line(e)}"))
-                    continue
-                pending.append((job, mask, writer.submit(save, job, result)))
+            outputs = inpaint_loaded(backend, [(img, m) for _, img, m in loaded], strategy, batch_size, crop_margin)
+            for (job, _, mask), output in zip(loaded, outputs):
+                if isinstance(output, Exception):
+                    report(file_error(job, output))
+                else:
+                    pending.append((job, mask, writer.submit(write_output, job, output, overwrite)))
             settle(keep=batch_size)  # at most one batch of finished images waits in memory
         settle(keep=0)
     summary.seconds = time.perf_counter() - start

@@ -16,13 +16,13 @@ from __future__ import annotations
 import logging
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from gantool.config import NETWORK_STRIDE, ModelConfig
-from gantool.errors import InputError, first_line
+from gantool.errors import InputError, SizeLimitError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -56,35 +56,60 @@ def processing_contract(config: ModelConfig) -> dict[str, Any]:
 # --------------------------------------------------------------------------- reading
 
 
-def read_image(path: str | Path, lossless: bool = False) -> Image.Image:
+def read_image(
+    source: str | Path | BinaryIO,
+    lossless: bool = False,
+    *,
+    max_pixels: int | None = None,
+    name: str | None = None,
+) -> Image.Image:
     """Open and fully decode an image, EXIF orientation applied. Raises InputError.
 
+    ``source``: a path, or a binary file object (an upload; ``name`` labels it in
+    messages, e.g. "the uploaded image").
     ``lossless``: refuse images whose known pixels gantool could not write back
     unchanged (see :func:`check_lossless`), for the inpainting paths.
+    ``max_pixels``: a larger image raises :class:`SizeLimitError` from its
+    header's size, before any pixel is decoded (decompression bombs).
     """
-    path = Path(path)
-    if path.is_dir():
-        raise InputError(f"expected an image file, got a folder: {path}")
-    if path.exists() and not path.is_file():  # a FIFO or device would block or stream forever
-        raise InputError(f"not a regular file: {path}")
+    if isinstance(source, (str, Path)):
+        source = Path(source)
+        if source.is_dir():
+            raise InputError(f"expected an image file, got a folder: {source}")
+        if source.exists() and not source.is_file():  # a FIFO or device would block or stream forever
+            raise InputError(f"not a regular file: {source}")
+    label = name or (f"image {source}" if isinstance(source, Path) else "the uploaded image")
+    what = str(source) if isinstance(source, Path) else label
     try:
         with warnings.catch_warnings():
             # A decompression-bomb warning is not an error here; huge images are allowed.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(path) as img:
+            with Image.open(source) as img:
+                if max_pixels is not None and img.width * img.height > max_pixels:
+                    raise SizeLimitError(
+                        f"{label} is {img.width}x{img.height} = {img.width * img.height} pixels, "
+                        f"over the limit of {max_pixels}"
+                    )
                 if lossless and _decodes_16bit_colour_as_8bit(img):
                     raise InputError(
-                        f"{path}: a 16-bit colour image, which Pillow decodes as 8-bit; the written known pixels "
+                        f"{what}: a 16-bit colour image, which Pillow decodes as 8-bit; the written known pixels "
                         "would lose precision (convert it to 8-bit colour or 16-bit grey first)"
                     )
                 img.load()
                 result = ImageOps.exif_transpose(img) if _has_orientation(img) else img.copy()
     except FileNotFoundError:
-        raise InputError(f"file not found: {path}") from None
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-        raise InputError(f"cannot read image {path}: {first_line(e)}") from None
+        raise InputError(f"file not found: {source}") from None
+    except Image.DecompressionBombError as e:  # over Pillow's own limit (2x MAX_IMAGE_PIXELS)
+        raise SizeLimitError(f"cannot read {label}: {first_line(e)}") from None
+    except UnidentifiedImageError as e:
+        if isinstance(source, Path):
+            raise InputError(f"cannot read {label}: {first_line(e)}") from None
+        # Pillow's message names the file object's repr: say what it means instead.
+        raise InputError(f"cannot read {label}: not an image, or a format Pillow cannot decode") from None
+    except (OSError, ValueError, SyntaxError) as e:
+        raise InputError(f"cannot read {label}: {first_line(e)}") from None
     if lossless:
-        check_lossless(result, str(path))
+        check_lossless(result, what)
     return result
 
 

@@ -86,22 +86,21 @@ def captured_native_output() -> Iterator[CapturedOutput]:
         saved_fd: int | None = os.dup(2)
     except OSError:
         saved_fd = None
-    sink = tempfile.TemporaryFile()
-    try:
-        if saved_fd is not None:
-            os.dup2(sink.fileno(), 2)
-        with contextlib.redirect_stdout(stdout):
-            yield captured
-    finally:
-        if saved_fd is not None:
-            os.dup2(saved_fd, 2)
-            os.close(saved_fd)
-        sink.seek(0)
-        native = sink.read().decode("utf-8", errors="replace")
-        sink.close()
-        captured.text = stdout.getvalue() + native
-        if captured.text.strip():
-            log.debug("ONNX Runtime output while loading providers:\n%s", captured.text.rstrip())
+    with tempfile.TemporaryFile() as sink:
+        try:
+            if saved_fd is not None:
+                os.dup2(sink.fileno(), 2)
+            with contextlib.redirect_stdout(stdout):
+                yield captured
+        finally:
+            if saved_fd is not None:
+                os.dup2(saved_fd, 2)
+                os.close(saved_fd)
+            sink.seek(0)
+            native = sink.read().decode("utf-8", errors="replace")
+    captured.text = stdout.getvalue() + native
+    if captured.text.strip():
+        log.debug("ONNX Runtime output while loading providers:\n%s", captured.text.rstrip())
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "inpaint": ("gantool.cli.inpaint_cmd", "inpaint", "Fill the holes in images."),
     "info": ("gantool.cli.info_cmd", "info", "Show a model's or checkpoint's metadata."),
     "eval": ("gantool.cli.eval_cmd", "eval_", "Compare a model with classical inpainting."),
+    "serve": ("gantool.cli.serve_cmd", "serve", "Serve inpainting over HTTP, with a browser page."),
     "bench": ("gantool.cli.bench_cmd", "bench", "Benchmark training or inference."),
     "doctor": ("gantool.cli.doctor_cmd", "doctor", "Check torch, CUDA and ONNX Runtime."),
 }

@@ -7,7 +7,19 @@ import json
 import click
 
 from gantool.config import BENCH_TRAIN_BATCH, TrainConfig
-from gantool.constants import BACKENDS, DEFAULT_STRATEGY, STRATEGIES
+from gantool.constants import (
+    BACKEND_CHOICES,
+    BACKENDS,
+    DEFAULT_BACKEND,
+    DEFAULT_PRECISION,
+    DEFAULT_PROVIDER,
+    DEFAULT_SERVE_BATCH_WAIT_MS,
+    DEFAULT_SERVE_MAX_BATCH,
+    DEFAULT_STRATEGY,
+    PRECISIONS,
+    PROVIDERS,
+    STRATEGIES,
+)
 
 
 def echo_table(header: list[str], rows: list[list[str]]) -> None:
@@ -82,11 +94,21 @@ def _name_list(ctx: click.Context, param: click.Parameter, value: str) -> list[s
               show_default=True, help="--strategy of the end-to-end measurement.")
 @click.option("--crop-check/--no-crop-check", default=True, show_default=True,
               help="Time --strategy crop on 2048 px with one 128 px hole against a 256 px image.")
+@click.option("--ray", "use_ray", is_flag=True,
+              help="Instead: images/s of `gantool inpaint --ray` vs the local pipeline on the same folder of "
+              "--e2e-images images of --e2e-size px (first of --providers; Ray's start-up reported apart).")
+@click.option("--actors", type=click.IntRange(min=1), default=None, help="With --ray: actors (default as inpaint).")
+@click.option("--ray-address", metavar="ADDR", help="With --ray: connect to this cluster instead of a local one.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def bench_inpaint(model: str | None, as_json: bool, **options) -> None:
+def bench_inpaint(
+    model: str | None, as_json: bool, use_ray: bool, actors: int | None, ray_address: str | None, **options
+) -> None:
     """Median ms per image, images/s, achieved GFLOP/s and peak memory of
     MODEL (default: the shipped model) per backend, provider, size and batch,
     and the inference goals, measured side by side."""
+    if use_ray:
+        _bench_ray(model, as_json, actors, ray_address, options)
+        return
     from gantool.benchmarks import bench_inpaint as run
 
     result = run(model, **options)
@@ -127,3 +149,89 @@ def bench_inpaint(model: str | None, as_json: bool, **options) -> None:
         click.echo(f"goal crop on {g['large']} px with one {g['hole']} px hole <= 2x a {g['small']} px image: "
                    f"{g['ratio']:.2f}x ({g['large_crop_s'] * 1e3:.0f} ms vs {g['small_full_s'] * 1e3:.0f} ms) -> "
                    f"{'met' if g['met'] else 'NOT met'}")
+
+
+def _bench_ray(model: str | None, as_json: bool, actors: int | None, address: str | None, options: dict) -> None:
+    from gantool.benchmarks import bench_ray_inpaint
+
+    provider = options["providers"][0] if options["providers"] else "auto"
+    result = bench_ray_inpaint(model, images=options["e2e_images"], size=options["e2e_size"], provider=provider,
+                               strategy=options["e2e_strategy"], actors=actors, address=address)  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    local, ray = result["local"], result["ray"]
+    click.echo(f"inpaint --ray benchmark: {result['images']} images of {result['size']} px, batch "
+               f"{result['batch_size']}, provider {result['provider']}; {result['where']}")  # fmt: skip
+    echo_table(["path", "images/s", "wall s", "fixed start-up s", "failed"], [
+        ["local pipeline", f"{local['images_per_s']:.2f}", f"{local['wall_s']:.1f}",
+         f"{local['model_load_s']:.1f} (model load)", str(local["failed"])],
+        ["ray (per image, start-up excluded)", f"{ray['images_per_s']:.2f}", f"{ray['wall_s']:.1f}",
+         f"{ray['startup_s']:.1f} (ray.init {ray['ray_init_s']:.1f} of it)", str(ray["failed"])],
+    ])  # fmt: skip
+    click.echo(f"goal Ray per-image throughput >= {result['goal']}x the local pipeline: {result['ratio']:.2f}x -> "
+               f"{'met' if result['met'] else 'NOT met'}")  # fmt: skip
+
+
+@bench.command("serve")
+@click.argument("model", required=False, metavar="[MODEL]")
+@click.option("--requests", default=200, show_default=True, type=click.IntRange(min=1), help="Requests in all.")
+@click.option("--concurrency", default=8, show_default=True, type=click.IntRange(min=1),
+              help="Client threads, each with one keep-alive connection.")
+@click.option("--size", default=512, show_default=True, type=click.IntRange(min=8), help="Square image size.")
+@click.option("--provider", type=click.Choice(PROVIDERS), default=DEFAULT_PROVIDER, show_default=True)
+@click.option("--backend", type=click.Choice(BACKEND_CHOICES), default=DEFAULT_BACKEND, show_default=True)
+@click.option("--precision", type=click.Choice(PRECISIONS), default=DEFAULT_PRECISION, show_default=True)
+@click.option("--max-batch", type=click.IntRange(min=1), default=DEFAULT_SERVE_MAX_BATCH, show_default=True,
+              help="The server's --max-batch.")
+@click.option("--batch-wait-ms", type=click.FloatRange(min=0), default=DEFAULT_SERVE_BATCH_WAIT_MS,
+              show_default=True, help="The server's --batch-wait-ms.")
+@click.option("--baseline-images", default=16, show_default=True, type=click.IntRange(min=1),
+              help="Images for the in-process Inpainter throughput.")
+@click.option("--timeout", "timeout_s", default=1800.0, show_default=True, type=click.FloatRange(min=1),
+              help="Seconds for the whole run; no request starts after it.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def bench_serve(model: str | None, as_json: bool, **options) -> None:
+    """Latency percentiles, images/s, errors and server memory of `gantool serve`
+    on loopback, beside the in-process Inpainter's images/s on the same images."""
+    from gantool.cli.serve_cmd import INSTALL_HINT, missing_serve_packages
+
+    if missing_serve_packages():
+        raise click.ClickException(INSTALL_HINT)
+    from gantool.benchmarks import bench_serve as run
+
+    result = run(model, **options)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+
+    def mb(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.0f}"
+
+    lat, rss = result["latency_ms"], result["rss_mb"]
+    click.echo(f"serve benchmark: {result['model']} ({result['backend']} on {result['provider']}, "
+               f"{result['cpu_count']} CPUs); {result['requests']} requests of {result['size']} px from "
+               f"{result['concurrency']} clients; max batch {result['max_batch']}, wait {result['batch_wait_ms']:g} ms")
+    echo_table(["measure", "value"], [
+        ["requests ok / errors", f"{result['ok']} / {result['errors']}"],
+        ["latency p50 / p95 / p99 ms", f"{lat['p50']:.0f} / {lat['p95']:.0f} / {lat['p99']:.0f}"],
+        ["images/s, server", f"{result['server_images_per_s']:.2f}"],
+        [f"images/s, in-process Inpainter ({result['in_process_images']} images; mean of before / after)",
+         f"{result['in_process_images_per_s']:.2f} ("
+         + " / ".join(f"{v:.2f}" for v in result["in_process_images_per_s_before_after"]) + ")"],
+        ["server / in-process", f"{result['ratio']:.2f}x"],
+        ["images/s, in-process from PNG bytes to PNG bytes (the server's decode and encode)",
+         f"{result['in_process_png_images_per_s']:.2f}"],
+        ["server / in-process with PNG decode and encode", f"{result['ratio_to_png_in_process']:.2f}x"],
+        ["server RSS MB: ready / after 50 / after all", f"{mb(rss['ready'])} / {mb(rss['after_50'])} / "
+                                                       f"{mb(rss['after_all'])}"],
+    ])
+    for example in result["error_examples"]:
+        click.echo(f"error: {example}")
+    goals = result["goals"]
+    click.echo(f"goal >= {goals['throughput']['goal']:.2f}x in-process images/s with 0 errors: "
+               f"{result['ratio']:.2f}x, {result['errors']} errors -> {'met' if goals['throughput']['met'] else 'NOT met'}")
+    growth = goals["rss_stable"]["growth"]
+    click.echo(f"goal server RSS after all requests within {goals['rss_stable']['goal']:.0%} of after 50: "
+               + ("n/a" if growth is None else f"{growth:+.1%}")
+               + f" -> {'met' if goals['rss_stable']['met'] else 'NOT met'}")

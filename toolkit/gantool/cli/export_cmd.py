@@ -32,6 +32,10 @@ def _size(num_bytes: int) -> str:
     "--cuda/--no-cuda", default=None,
     help="Also check ONNX Runtime's CUDA provider [default: when a GPU is found].",
 )  # fmt: skip
+@click.option(
+    "--keep-debug-info", is_flag=True,
+    help="Keep the exporters' stack traces and source paths in the files (for debugging the exporter).",
+)  # fmt: skip
 def export(
     checkpoint: Path | None,
     want_onnx: bool,
@@ -43,12 +47,15 @@ def export(
     atol: float,
     overwrite: bool,
     cuda: bool | None,
+    keep_debug_info: bool,
 ) -> None:
     """Export CHECKPOINT's generator to ONNX and TorchScript and prove parity.
 
     CHECKPOINT defaults to the newest runs/*/checkpoints/last.pt. The parity
     sweep compares eager PyTorch, TorchScript and ONNX Runtime over batch sizes,
     image sizes and mask kinds; a failed check writes nothing and exits 1.
+    The files carry no absolute path or stack trace of this machine unless
+    --keep-debug-info is given.
     """
     from gantool.export import ParityError, export_generator, find_latest_checkpoint  # delayed: imports torch
     from gantool.parity import summary_lines
@@ -61,6 +68,7 @@ def export(
         result = export_generator(
             checkpoint, out_dir, formats=chosen or EXPORT_FORMATS, opset=opset, fp16=fp16,
             verify=not no_verify, atol=atol, overwrite=overwrite, cuda=cuda,
+            keep_debug_info=keep_debug_info,
         )  # fmt: skip
     except ParityError as e:
         for line in summary_lines(e.report):

@@ -8,29 +8,54 @@ from typing import Any
 
 import click
 
+from gantool.errors import GantoolError, ModelError
+from gantool.provenance import find_machine_traces
 
 
 def _value(value: Any) -> str:
     return json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value)
 
 
+def _warn_traces(file: Path, traces: list[str]) -> None:
+    if not traces:
+        return
+    click.echo(f"Warning: {file} carries traces of the machine that built it (absolute paths, stack traces):", err=True)
+    for trace in traces:
+        click.echo(f"  {trace}", err=True)
+
+
 @click.command("info")
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def info(file: Path, as_json: bool) -> None:
-    """Show FILE's metadata (.onnx, .torchscript.pt, .safetensors) or a checkpoint's summary."""
+    """Show FILE's metadata (.onnx, .torchscript.pt, .safetensors) or a checkpoint's summary.
+
+    Warns when a model carries absolute paths or stack traces of the machine that
+    exported it (from any exporter; the JSON lists them under "warnings").
+    """
     from gantool.export import describe_file  # delayed: imports torch
 
-    description = describe_file(file)
+    try:
+        description = describe_file(file)
+    except ModelError:
+        # A model without gantool metadata is refused, but its traces are still worth a warning.
+        try:
+            _warn_traces(file, find_machine_traces(file))
+        except GantoolError:
+            pass  # unreadable: the error below says why
+        raise
     if as_json:
         click.echo(json.dumps(description, indent=2, default=str))
         return
     click.echo(f"{description['file']}: {description['kind']}, {description['bytes']} bytes")
-    for warning in description.get("warnings", []):
-        click.echo(f"warning: {warning}", err=True)
+    traces = description.get("machine_traces", [])
+    for warning in description["warnings"]:
+        if warning not in traces:
+            click.echo(f"warning: {warning}", err=True)
     if description["kind"] != "checkpoint":
         for key, value in description["metadata"].items():
             click.echo(f"  {key}: {_value(value)}")
+        _warn_traces(file, traces)
         return
     for key in ("gantool_version", "step", "phase", "weights_sha256", "model_config", "train_config"):
         click.echo(f"  {key}: {_value(description[key])}")

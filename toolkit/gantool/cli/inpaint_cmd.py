@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import click
 
@@ -17,6 +18,7 @@ from gantool.constants import (
     DEFAULT_STRATEGY,
     PRECISIONS,
     PROVIDERS,
+    RAY_MANIFEST_NAME,
     STRATEGIES,
 )
 from gantool.errors import InputError
@@ -59,6 +61,18 @@ def _parse_boxes(
 @click.option("--precision", type=click.Choice(PRECISIONS), default=DEFAULT_PRECISION, show_default=True,
               help="auto: the exported fp16 ONNX model on the GPU when there is one.")
 @click.option("--overwrite", is_flag=True, help="Replace existing outputs (inputs are never replaced).")
+@click.option("--ray", "use_ray", is_flag=True,
+              help='Run on a Ray cluster (Ray Data actor pool); needs pip install "gantool[ray]". '
+              "Re-running skips inputs whose output exists.")
+@click.option("--ray-address", metavar="ADDR",
+              help="With --ray: connect to this cluster (e.g. HEAD_IP:6379 or auto). Default: start a local one.")
+@click.option("--actors", type=click.IntRange(min=1), default=None,
+              help="With --ray: model copies (actors). Default: one per GPU, or one per node on CPUs.")
+@click.option("--gpus-per-actor", type=click.FloatRange(min=0), default=None,
+              help="With --ray: GPUs each actor reserves (0.5 = two per GPU). Default: 1 with cuda/tensorrt "
+              "or with auto on a cluster with GPUs, else 0.")
+@click.option("--manifest", metavar="FILE",
+              help=f"With --ray: the JSON-lines record of the run. Default: <output folder>/{RAY_MANIFEST_NAME}.")
 def inpaint(
     images: tuple[str, ...],
     mask: str | None,
@@ -72,6 +86,11 @@ def inpaint(
     crop_margin: int | None,
     precision: str,
     overwrite: bool,
+    use_ray: bool,
+    ray_address: str | None,
+    actors: int | None,
+    gpus_per_actor: float | None,
+    manifest: str | None,
 ) -> None:
     """Fill the holes in IMAGE... (files, folders or globs).
 
@@ -81,8 +100,21 @@ def inpaint(
     mask (1 = hole). Masks must have the image's displayed size (after EXIF
     rotation). An image whose mask has no hole is skipped (nothing written).
     Only hole pixels change; results are PNG: <stem>.inpainted.png.
+    With --ray the same outputs are made by a pool of Ray actors.
     Exit status 1 when a file failed or nothing was inpainted.
     """
+    ray_options = {"ray_address": ray_address, "actors": actors, "gpus_per_actor": gpus_per_actor,
+                   "manifest": manifest}  # fmt: skip
+    if not use_ray:
+        given = [f"--{name.replace('_', '-')}" for name, value in ray_options.items() if value is not None]
+        if given:
+            raise click.UsageError(f"{', '.join(given)} needs --ray")
+    else:
+        _inpaint_on_ray(images, mask=mask, boxes=boxes, model=model, output=output, provider=provider,
+                        backend_name=backend, batch_size=batch_size, strategy=strategy, crop_margin=crop_margin,
+                        precision=precision, overwrite=overwrite, address=ray_address, actors=actors,
+                        gpus_per_actor=gpus_per_actor, manifest=manifest)  # fmt: skip
+        return
     from tqdm import tqdm
 
     from gantool.pipeline import FileResult, ImageJob, run_inpaint  # delayed: imports numpy, onnxruntime
@@ -112,4 +144,32 @@ def inpaint(
         click.echo(f"wrote {summary.results[0].output}")
     click.echo(summary.line())
     if not summary.succeeded:
+        click.get_current_context().exit(1)
+
+
+def _inpaint_on_ray(images: tuple[str, ...], **options: Any) -> None:
+    from tqdm import tqdm
+
+    from gantool.pipeline import FileResult  # delayed: imports numpy
+    from gantool.ray_inpaint import RayPlan, ray_inpaint
+
+    with tqdm(total=0, unit="img", file=sys.stderr, disable=None, leave=False) as bar:
+
+        def on_start(plan: RayPlan) -> None:
+            gpus = f", {plan.gpus_per_actor:g} GPU each" if plan.gpus_per_actor else ""
+            click.echo(f"ray: {plan.where}; {plan.actors} actor(s){gpus}, batch size {plan.batch_size}")
+            if plan.skipped:
+                click.echo(f"skipping {len(plan.skipped)} input(s) whose output exists (use --overwrite to redo them)")
+            bar.reset(total=len(plan.jobs))
+
+        def on_result(result: FileResult) -> None:
+            if not result.ok:
+                bar.write(f"failed: {result.error}", file=sys.stderr)
+            elif result.no_hole:
+                bar.write(f"skipped: {result.source}: the mask has no hole", file=sys.stderr)
+            bar.update(1)
+
+        summary = ray_inpaint(images, on_start=on_start, on_result=on_result, **options)
+    click.echo(summary.line())
+    if summary.failed or (summary.no_hole and not summary.inpainted):
         click.get_current_context().exit(1)

@@ -1,0 +1,164 @@
+"""Atomic writes, tested directly: a serializer that fails half-way through a
+checkpoint, an export file or an inpaint output leaves the previous file
+byte-identical and no partial or temporary file behind; a checkpoint writer
+killed with SIGKILL at random points never leaves a checkpoint that fails to load.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import safetensors.torch
+import torch
+from click.testing import CliRunner
+from PIL import Image
+
+from conftest import TINY_CONFIG, random_generator
+from gantool.checkpoint import load_checkpoint, save_checkpoint
+from gantool.cli import cli
+
+
+class DiskFull(OSError):
+    pass
+
+
+def half_then_fail(data: bytes, target) -> None:
+    """Write the first half of ``data`` to ``target`` (a path or a file object), then fail."""
+    half = data[: max(1, len(data) // 2)]
+    if isinstance(target, (str, os.PathLike)):
+        with open(target, "wb") as f:
+            f.write(half)
+    else:
+        target.write(half)
+        target.flush()
+    raise DiskFull(28, "No space left on device (injected half-way through the write)")
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file below ``folder`` (hidden temp files included) with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _state(step: int) -> dict:
+    generator = random_generator(TINY_CONFIG, seed=step)
+    return {"model_config": TINY_CONFIG.to_dict(), "generator": generator.state_dict(), "step": step, "phase": "g"}
+
+
+# ------------------------------------------------------------------- serializer fails half-way
+
+
+def test_checkpoint_write_failing_half_way_keeps_the_previous_file(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "checkpoints" / "last.pt"
+    save_checkpoint(path, _state(1))
+    before = snapshot(tmp_path)
+    real_save = torch.save
+
+    def failing_save(obj, f, *args, **kwargs) -> None:
+        buffer = io.BytesIO()
+        real_save(obj, buffer, *args, **kwargs)
+        half_then_fail(buffer.getvalue(), f)
+
+    monkeypatch.setattr(torch, "save", failing_save)
+    with pytest.raises(DiskFull):
+        save_checkpoint(path, _state(2))
+    monkeypatch.undo()
+    assert snapshot(tmp_path) == before  # same bytes, and no partial or temp file
+    assert load_checkpoint(path)["step"] == 1
+
+
+def test_export_failing_half_way_keeps_the_previous_export(tmp_path: Path, monkeypatch) -> None:
+    from gantool.artifacts import ARTIFACT
+    from gantool.export import export_generator
+
+    checkpoint = save_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt", _state(3))
+    out = tmp_path / "export"
+    out.mkdir()
+    for name in (ARTIFACT[key].filename for key in ("torchscript", "safetensors", "report")):  # an earlier export's files
+        (out / name).write_bytes(f"earlier {name}".encode())
+    before = snapshot(out)
+    real_write_bytes = Path.write_bytes
+
+    def failing_write_bytes(self: Path, data: bytes) -> int:
+        if ARTIFACT["safetensors"].filename in self.name:  # the weights' temp file
+            half_then_fail(data, self)
+        return real_write_bytes(self, data)
+
+    # The TorchScript file is written first, then the weights fail half-way.
+    monkeypatch.setattr(Path, "write_bytes", failing_write_bytes)
+    with pytest.raises(DiskFull):
+        export_generator(checkpoint, out, formats=("torchscript",), verify=False, overwrite=True)
+    assert snapshot(out) == before
+
+
+def test_inpaint_output_failing_half_way_keeps_the_previous_output(
+    checkpoint_factory: Callable[..., Path], tmp_path: Path, monkeypatch
+) -> None:
+    model = checkpoint_factory("trained", seed=3, step=4, phase="g")
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(tmp_path / "photo.png")
+    mask = np.zeros((32, 32), np.uint8)
+    mask[8:20, 8:20] = 255
+    Image.fromarray(mask).save(tmp_path / "mask.png")
+    args = ["inpaint", str(tmp_path / "photo.png"), "--mask", str(tmp_path / "mask.png"), "--model", str(model),
+            "--backend", "eager"]  # fmt: skip
+    output = tmp_path / "photo.inpainted.png"
+    output.write_bytes(b"the user's earlier result")  # any earlier bytes must survive
+    before = snapshot(tmp_path)
+    real_save = Image.Image.save
+
+    def failing_save(self, fp, format=None, **params) -> None:
+        buffer = io.BytesIO()
+        real_save(self, buffer, format=format or "PNG", **params)
+        half_then_fail(buffer.getvalue(), fp)
+
+    monkeypatch.setattr(Image.Image, "save", failing_save)
+    result = CliRunner().invoke(cli, [*args, "--overwrite"])
+    monkeypatch.undo()
+    assert result.exit_code != 0 and "No space left on device" in result.output, result.output
+    assert snapshot(tmp_path) == before
+
+
+# ------------------------------------------------------------------------- SIGKILL mid-write
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork (POSIX)")
+def test_checkpoint_writer_killed_at_random_points_leaves_loadable_checkpoints(tmp_path: Path) -> None:
+    """A forked child writes checkpoints (~1 MB each) in a loop; it is SIGKILLed at
+    a random moment, several times. Every checkpoint file left must load."""
+    folder = tmp_path / "checkpoints"
+    state = {**_state(0), "padding": torch.arange(256 * 1024, dtype=torch.float32)}  # a write takes a while
+    rng = random.Random(15)
+    kills = 0
+    for iteration in range(8):
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            try:
+                os.close(read_end)
+                step = iteration * 1000
+                save_checkpoint(folder / "last.pt", {**state, "step": step})
+                os.write(write_end, b"r")
+                while True:
+                    step += 1
+                    save_checkpoint(folder / "last.pt", {**state, "step": step})
+            finally:
+                os._exit(0)
+        os.close(write_end)
+        assert os.read(read_end, 1) == b"r"  # one complete checkpoint exists
+        os.close(read_end)
+        time.sleep(rng.uniform(0.0, 0.05))
+        os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        kills += os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+        checkpoints = sorted(folder.glob("*.pt"))
+        assert [p.name for p in checkpoints] == ["last.pt"]
+        assert load_checkpoint(checkpoints[0])["step"] >= iteration * 1000
+    assert kills == 8

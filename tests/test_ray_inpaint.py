@@ -1,0 +1,251 @@
+"""``gantool inpaint --ray`` on a real local Ray cluster (one per test session).
+
+The Ray path must give byte-identical PNGs to the local pipeline, record every
+input in its manifest, resume after an interruption, and never lose a file when a
+worker process dies.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+import inpaint_helpers
+from gantool.cli import cli
+from gantool.constants import RAY_MANIFEST_NAME
+from gantool.errors import InputError
+from gantool.pipeline import FileResult, run_inpaint
+from gantool.ray_inpaint import DIE_ON_ENV, plan_actors, ray_inpaint
+from gantool.runtime import load_backend
+from inpaint_helpers import ExportedModel, box_mask_image, textured_rgb
+
+exported_model = inpaint_helpers.exported_model  # the session's tiny exported model (a fixture)
+ray = pytest.importorskip("ray")  # the `ray` extra; installed in CI (the dev extra), so these run there
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[Any]:
+    """One local cluster for the whole session (start-up costs seconds); ray_inpaint reuses it."""
+    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, logging_level=logging.WARNING)
+    yield ray
+    ray.shutdown()
+
+
+def manifest_of(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def png_bytes(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*.png"))}
+
+
+def rgba_with_hole(height: int, width: int, seed: int) -> Image.Image:
+    rgba = np.dstack([textured_rgb(height, width, seed), np.full((height, width), 255, np.uint8)])
+    rgba[height // 4 : height // 2, width // 3 : width // 2, 3] = 0  # transparent = hole
+    return Image.fromarray(rgba, "RGBA")
+
+
+def mixed_album(root: Path) -> tuple[Path, Path]:
+    """Images of three sizes (one in a sub-folder, one grey), a corrupt file, and a mask folder by stem."""
+    folder, masks = root / "album", root / "masks"
+    (folder / "sub").mkdir(parents=True)
+    masks.mkdir()
+    sizes = {"a": (24, 28), "b": (20, 24), "c": (24, 28), "d": (33, 17), "e": (20, 24)}
+    for name, (h, w) in sizes.items():
+        where = folder / "sub" if name == "c" else folder
+        pixels = textured_rgb(h, w, seed=ord(name))
+        image = Image.fromarray(pixels).convert("L") if name == "e" else Image.fromarray(pixels)
+        image.save(where / f"{name}.png")
+        box_mask_image(h, w, h // 4, w // 4, h // 2 + 2, w // 2 + 3).save(masks / f"{name}.png")
+    (folder / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    box_mask_image(24, 28, 6, 6, 14, 16).save(masks / "broken.png")
+    return folder, masks
+
+
+def local_run(model: ExportedModel, images: list[Path], out: Path, **options: Any) -> dict[str, str | None]:
+    backend = load_backend(model.folder, "cpu", "onnx")
+    summary = run_inpaint(images, backend, output=out, **options)
+    return {str(r.source): r.error for r in summary.results}
+
+
+def ray_run(model: ExportedModel, images: list[Path], out: Path, **options: Any):
+    return ray_inpaint(images, model=model.folder, provider="cpu", backend_name="onnx", output=out, **options)
+
+
+# ------------------------------------------------------------------ same outputs
+
+
+@pytest.mark.parametrize("case", ["mask folder", "alpha holes", "boxes"])
+def test_ray_outputs_are_byte_identical_to_the_local_pipeline(
+    ray_cluster: Any, exported_model: ExportedModel, tmp_path: Path, case: str
+) -> None:
+    if case == "mask folder":
+        folder, masks = mixed_album(tmp_path)
+        options: dict[str, Any] = {"mask": masks, "batch_size": 2}
+    else:
+        folder = tmp_path / "album"
+        folder.mkdir()
+        rgba_with_hole(24, 28, 1).save(folder / "x.png")
+        rgba_with_hole(17, 30, 2).save(folder / "y.png")
+        Image.fromarray(textured_rgb(24, 28, 3)).save(folder / "z.png")  # no alpha: fails unless --box
+        options = {"batch_size": 3} if case == "alpha holes" else {"boxes": [(2, 3, 9, 7), (10, 10, 5, 5)]}
+    local = local_run(exported_model, [folder], tmp_path / "local", **options)
+    summary = ray_run(exported_model, [folder], tmp_path / "ray", **options)
+
+    ray_pngs, local_pngs = png_bytes(tmp_path / "ray"), png_bytes(tmp_path / "local")
+    assert ray_pngs == local_pngs  # same names, same bytes
+    assert len(ray_pngs) == summary.inpainted >= 2
+    assert {str(r.source): r.error for r in summary.results} == local  # same failures, same messages
+    if case == "mask folder":
+        assert "sub/c.inpainted.png" in ray_pngs and summary.failed == 1  # broken.png
+    if case == "alpha holes":
+        assert summary.failed == 1 and "no mask for z.png" in (local[str(folder / "z.png")] or "")
+    assert summary.provider == "CPUExecutionProvider" and summary.backend == "onnx"
+
+
+# ------------------------------------------------------------- manifest, resume
+
+
+def test_manifest_records_every_input_and_a_rerun_resumes(
+    ray_cluster: Any, exported_model: ExportedModel, tmp_path: Path
+) -> None:
+    folder, masks = mixed_album(tmp_path)
+    out = tmp_path / "out"
+    seen: list[FileResult] = []
+
+    def interrupt_after_two(result: FileResult) -> None:
+        seen.append(result)
+        if len(seen) == 2:
+            raise KeyboardInterrupt  # Ctrl-C on the driver mid-run
+
+    with pytest.raises(KeyboardInterrupt):
+        ray_run(exported_model, [folder], out, mask=masks, batch_size=1, on_result=interrupt_after_two)
+    first = manifest_of(out / RAY_MANIFEST_NAME)
+    assert len(first) == 6  # every input is accounted for, also after the interrupt
+    assert sum(e["status"] == "inpainted" for e in first) + sum(e["status"] == "failed" for e in first) == 6
+    not_done = [e for e in first if e["error"] and "interrupted" in e["error"]]
+    assert not_done, first
+    for path in out.rglob("*.inpainted.png"):  # atomic writes: an output is whole or absent
+        with Image.open(path) as img:
+            img.load()
+
+    summary = ray_run(exported_model, [folder], out, mask=masks, batch_size=1)  # the same command again
+    second = manifest_of(out / RAY_MANIFEST_NAME)
+    by_input = {Path(e["input"]).name: e for e in second}
+    assert sorted(by_input) == ["a.png", "b.png", "broken.png", "c.png", "d.png", "e.png"]
+    # (actors still busy at the interrupt may have finished a file after it: those are skipped too)
+    assert summary.skipped >= 1 and summary.skipped + summary.inpainted == 5 and summary.failed == 1
+    assert "skipped" in {e["status"] for e in second} <= {"skipped", "inpainted", "failed"}
+    assert by_input["broken.png"]["status"] == "failed" and "cannot read image" in by_input["broken.png"]["error"]
+    for entry in second:
+        assert set(entry) == {"input", "output", "status", "error", "provider", "ms"}
+        if entry["status"] == "inpainted":
+            assert entry["provider"] == "CPUExecutionProvider" and entry["ms"] > 0
+            assert Path(entry["output"]).is_file() and entry["error"] is None
+    assert len(list(out.rglob("*.inpainted.png"))) == 5  # all but the corrupt one, after the resume
+    # skipped outputs were not touched; --overwrite redoes them
+    summary = ray_run(exported_model, [folder], out, mask=masks, batch_size=3, overwrite=True)
+    assert summary.skipped == 0 and summary.inpainted == 5 and summary.failed == 1
+
+
+# --------------------------------------------------------------- dying workers
+
+
+def test_a_worker_that_dies_is_retried_and_one_that_keeps_dying_is_reported(
+    ray_cluster: Any, exported_model: ExportedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder, masks = mixed_album(tmp_path)
+    (folder / "broken.png").unlink()
+    marker = tmp_path / "died-once"
+    monkeypatch.setenv(DIE_ON_ENV, f"b.png:{marker}")  # the actor exits the process on b.png, once
+    summary = ray_run(exported_model, [folder], tmp_path / "once", mask=masks, batch_size=2)
+    assert marker.exists()  # it really died
+    assert summary.inpainted == 5 and summary.failed == 0  # its batch was retried on a restarted actor
+    assert len(list((tmp_path / "once").rglob("*.inpainted.png"))) == 5
+
+    monkeypatch.setenv(DIE_ON_ENV, "d.png")  # a file that kills every worker that reads it
+    summary = ray_run(exported_model, [folder], tmp_path / "always", mask=masks, batch_size=1)
+    entries = {Path(e["input"]).name: e for e in manifest_of(tmp_path / "always" / RAY_MANIFEST_NAME)}
+    assert sorted(entries) == ["a.png", "b.png", "c.png", "d.png", "e.png"]  # never silently missing
+    assert entries["d.png"]["status"] == "failed" and "worker process died" in entries["d.png"]["error"]
+    assert summary.inpainted == 4 and summary.failed == 1
+
+
+# ---------------------------------------------------------------------- the CLI
+
+
+def test_cli_ray_flag(ray_cluster: Any, exported_model: ExportedModel, tmp_path: Path) -> None:
+    folder = tmp_path / "album"
+    folder.mkdir()
+    rgba_with_hole(24, 28, 5).save(folder / "x.png")
+    out = tmp_path / "out"
+    args = ["inpaint", str(folder), "--ray", "-o", str(out), "--model", str(exported_model.folder),
+            "--provider", "cpu", "--actors", "1"]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "ray: Ray cluster at" in result.output and "1 actor(s)" in result.output
+    assert "1 inpainted, 0 failed" in result.output and (out / "x.inpainted.png").is_file()
+    assert (out / RAY_MANIFEST_NAME).is_file()
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0 and "skipping 1 input(s) whose output exists" in result.output
+    # more actors than the cluster has CPUs: one line, not a wait forever
+    result = CliRunner().invoke(cli, [*args, "--actors", "3", "--overwrite"])
+    assert result.exit_code == 1 and "3 actors need one CPU each; the Ray cluster has 2" in result.output
+    result = CliRunner().invoke(cli, [*args[:-2], "--provider", "cuda"])
+    assert result.exit_code == 1 and "the Ray cluster has 0 GPUs" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_cli_ray_options_without_ray_and_without_the_extra(
+    exported_model: ExportedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    image = tmp_path / "x.png"
+    rgba_with_hole(24, 28, 5).save(image)
+    result = CliRunner().invoke(cli, ["inpaint", str(image), "--actors", "2"])
+    assert result.exit_code == 2 and "--actors needs --ray" in result.output
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if the extra were not installed
+    result = CliRunner().invoke(cli, ["inpaint", str(image), "--ray", "--model", str(exported_model.folder)])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines()[-1] == 'Error: Ray is not installed: pip install "gantool[ray]"'
+    assert not (tmp_path / "x.inpainted.png").exists()
+
+
+def test_inpaint_and_bench_help_list_the_ray_options() -> None:
+    result = CliRunner().invoke(cli, ["inpaint", "--help"])
+    assert result.exit_code == 0
+    for option in ("--ray", "--ray-address", "--actors", "--gpus-per-actor", "--manifest"):
+        assert option in result.output
+    result = CliRunner().invoke(cli, ["bench", "inpaint", "--help"])
+    assert result.exit_code == 0 and "--ray" in result.output and "--actors" in result.output
+
+
+def test_plan_actors_defaults_and_impossible_requests() -> None:
+    assert plan_actors("cpu", cpus=16, gpus=8, nodes=2, actors=None, gpus_per_actor=None) == (2, 0.0)
+    assert plan_actors("auto", cpus=16, gpus=8, nodes=2, actors=None, gpus_per_actor=None) == (8, 1.0)
+    assert plan_actors("cuda", cpus=16, gpus=4, nodes=1, actors=None, gpus_per_actor=0.5) == (8, 0.5)
+    assert plan_actors("auto", cpus=2, gpus=0, nodes=1, actors=None, gpus_per_actor=None) == (1, 0.0)
+    with pytest.raises(InputError, match="has 0 GPUs"):
+        plan_actors("tensorrt", cpus=8, gpus=0, nodes=1, actors=None, gpus_per_actor=None)
+    with pytest.raises(InputError, match="need more than the cluster's 2 GPUs"):
+        plan_actors("cuda", cpus=8, gpus=2, nodes=1, actors=3, gpus_per_actor=1.0)
+
+
+def test_the_manifest_never_replaces_a_users_file(exported_model: ExportedModel, tmp_path: Path) -> None:
+    image = tmp_path / "x.png"
+    rgba_with_hole(24, 28, 5).save(image)
+    notes = tmp_path / "notes.jsonl"
+    notes.write_text('{"my": "data"}\n')
+    with pytest.raises(InputError, match="not a gantool manifest"):  # checked before Ray starts
+        ray_run(exported_model, [image], tmp_path / "out", manifest=notes)
+    with pytest.raises(InputError, match="must name a .jsonl file"):
+        ray_run(exported_model, [image], tmp_path / "out", manifest=tmp_path / "m.tif")
+    assert notes.read_text() == '{"my": "data"}\n' and not (tmp_path / "out").exists()
