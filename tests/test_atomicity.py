@@ -24,6 +24,7 @@ from PIL import Image
 from conftest import TINY_CONFIG, random_generator
 from gantool.checkpoint import load_checkpoint, save_checkpoint
 from gantool.cli import cli
+from gantool.errors import InputError
 
 
 class DiskFull(OSError):
@@ -67,7 +68,8 @@ def test_checkpoint_write_failing_half_way_keeps_the_previous_file(tmp_path: Pat
         half_then_fail(buffer.getvalue(), f)
 
     monkeypatch.setattr(torch, "save", failing_save)
-    with pytest.raises(DiskFull):
+    # The OSError becomes one line naming the file (gantool.fileio), with its cause.
+    with pytest.raises(InputError, match=r"cannot write .*last\.pt: No space left on device"):
         save_checkpoint(path, _state(2))
     monkeypatch.undo()
     assert snapshot(tmp_path) == before  # same bytes, and no partial or temp file
@@ -93,7 +95,7 @@ def test_export_failing_half_way_keeps_the_previous_export(tmp_path: Path, monke
 
     # The TorchScript file is written first, then the weights fail half-way.
     monkeypatch.setattr(Path, "write_bytes", failing_write_bytes)
-    with pytest.raises(DiskFull):
+    with pytest.raises(InputError, match="No space left on device"):
         export_generator(checkpoint, out, formats=("torchscript",), verify=False, overwrite=True)
     assert snapshot(out) == before
 

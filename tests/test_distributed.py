@@ -223,8 +223,10 @@ def test_only_rank_zero_writes(ddp_run: SimpleNamespace) -> None:
     run = ddp_run.run_dir
     files = sorted(str(p.relative_to(ddp_run.cwd)) for p in ddp_run.cwd.rglob("*") if p.is_file())
     expected = ["checkpoints/last.pt", "checkpoints/step_2.pt", "checkpoints/step_4.pt", "checkpoints/step_6.pt",
-                "config.toml", "metrics.jsonl", "samples/step_4.png", "samples/step_6.png", "status.json"]
-    assert files == [str((run / f).relative_to(ddp_run.cwd)) for f in expected]  # no temp files, no second run folder
+                "config.toml", "gantool-run.json", "metrics.jsonl", "samples/step_4.png", "samples/step_6.png",
+                "status.json"]
+    # no temp files, no lock left behind, no second run folder
+    assert files == [str((run / f).relative_to(ddp_run.cwd)) for f in expected]
     records = read_metrics(run / "metrics.jsonl")
     train_steps = [r["step"] for r in records if "images_per_s" in r]
     assert train_steps == [1, 2, 3, 4, 5, 6]  # one line per step: rank 1 appended nothing

@@ -254,3 +254,48 @@ def test_console_entry_runs_eval(exported_model, image_folder: Path, tmp_path: P
     assert proc.returncode == 0, proc.stderr
     assert "2 image(s) x 1 hole(s)" in proc.stdout and "| gantool + Poisson blend |" in proc.stdout
     assert (tmp_path / "g.png").is_file()
+
+
+# ------------------------------------------------------------- never touches its data
+
+
+def test_eval_never_writes_inside_data_even_with_overwrite(exported_model, image_folder: Path):
+    before = {p.name: p.read_bytes() for p in image_folder.iterdir()}
+    runner = CliRunner()
+    for grid in (image_folder / "img0.png", image_folder / "grid.png", image_folder / "sub" / "g.png"):
+        result = runner.invoke(cli, ["eval", str(exported_model.onnx), "--data", str(image_folder), "--size", "32",
+                                     "--grid", str(grid), "--overwrite"])
+        assert result.exit_code == 1 and "inside --data" in result.output and "Traceback" not in result.output
+    assert {p.name: p.read_bytes() for p in image_folder.iterdir()} == before
+
+
+def test_eval_does_not_score_its_own_grids(exported_model, image_folder: Path, tmp_path: Path):
+    grid = tmp_path / "elsewhere" / "cmp.png"
+    evaluate(exported_model.onnx, image_folder, size=32, grid=grid)
+    # A user copies grids into the data folder (under another name, and an old default-named one).
+    (image_folder / "copied.png").write_bytes(grid.read_bytes())
+    (image_folder / "eval_grid.png").write_bytes(grid.read_bytes())
+    result = evaluate(exported_model.onnx, image_folder, size=32)
+    assert result.images == ["img0.png", "img1.png", "img2.png"]
+
+
+def test_eval_warns_on_images_smaller_than_the_evaluation_size(exported_model, image_folder: Path, caplog):
+    evaluate(exported_model.onnx, image_folder, size=48, local_size=24, classical=False)
+    warnings = [r.message for r in caplog.records if "smaller than --size 48" in r.message]
+    assert len(warnings) == 1 and "2 image(s)" in warnings[0]  # 40x56 and 60x36; 48x48 is not smaller
+
+
+def test_infinite_psnr_is_shown_as_inf_and_not_ranked_best():
+    from gantool.evaluate import EvalResult
+
+    per_image = {
+        "mean": {k: [1.0] if not k.startswith("psnr") else [math.inf] for k in METRICS},
+        "gantool": {k: [0.5] if not k.startswith("psnr") else [30.0] for k in METRICS},
+    }
+    table = EvalResult({}, ["a.png"], per_image).markdown()
+    mean_row = next(line for line in table.splitlines() if line.startswith("| mean-pixel fill"))
+    gantool_row = next(line for line in table.splitlines() if line.startswith("| gantool"))
+    assert "| inf |" in mean_row and "**inf**" not in table
+    assert "**30.00**" in gantool_row
+    data = EvalResult({}, ["a.png"], per_image).to_dict()
+    assert data["mean"]["mean"]["psnr"] == "inf"

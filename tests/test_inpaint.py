@@ -273,7 +273,7 @@ def test_overwrite_needs_the_flag_and_inputs_are_never_overwritten(
         result = invoke(image, "--mask", mask, "-o", target, "--model", exported_model.folder, "--overwrite")
         assert result.exit_code == 1 and "it is an input or mask file" in result.output
     assert (image.read_bytes(), mask.read_bytes()) == before
-    assert not list(tmp_path.glob(".*.tmp"))  # no half-written files left behind
+    assert not list(tmp_path.glob(".gantool-tmp-*"))  # no half-written files left behind
 
 
 def test_output_option_rules(exported_model: ExportedModel, rgb_case: tuple[Path, Path], tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import logging
 import subprocess
 import sys
@@ -98,8 +99,11 @@ def test_resume_continues_the_curves_without_duplicate_steps(tmp_path):
     out = tmp_path / "run"
     cfg = tiny_train_config(out=str(out), tensorboard=True, checkpoint_every=2, sample_every=2)
     train(cfg, stop_after=6, progress=False)
-    # As after a kill -9 at step 6 whose last good checkpoint is step 4: steps 5-6 are trained (and logged) again.
-    train({}, resume=out / "checkpoints" / "step_4.pt", progress=False)
+    # As after a kill -9 at step 6 whose last good checkpoint is step 4 (the step-6 checkpoint never made it):
+    # steps 5-6 are trained (and logged) again.
+    (out / "checkpoints" / "step_6.pt").unlink()
+    shutil.copy(out / "checkpoints" / "step_4.pt", out / "checkpoints" / "last.pt")
+    train({}, resume=out / "checkpoints" / "last.pt", progress=False)
     assert len(list((out / TENSORBOARD_DIR).iterdir())) == 2  # one event file per process, in one folder
     events = read_events(out)
     for tag in events.Tags()["scalars"]:

@@ -238,3 +238,226 @@ def test_console_help_lists_train_options():
 
 def test_tiny_model_constants_match_config():
     assert tiny_train_config().model_config().size == TINY_MODEL["size"]
+
+
+# ------------------------------------------------------------------ run folders are owned
+
+
+def run_files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def metric_steps(run: Path) -> list[int]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["step"] for line in lines if "images_per_s" in json.loads(line)]
+
+
+def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path, monkeypatch):
+    from datetime import datetime
+
+    from gantool.runfolder import RUN_FILE, RunPlan, claim_run_folder
+
+    monkeypatch.chdir(tmp_path)
+    now = datetime(2026, 1, 2, 3, 4, 5)
+    first = claim_run_folder(RunPlan(None, True), now=now)
+    second = claim_run_folder(RunPlan(None, True), now=now)
+    assert first.name == "20260102-030405" and second.name == "20260102-030405-2"
+    assert (first / RUN_FILE).is_file() and (second / RUN_FILE).is_file()
+
+
+def test_two_default_runs_at_once_never_share_a_folder(tmp_path, monkeypatch):
+    """Two whole training runs without --out, the clock frozen to one second."""
+    from datetime import datetime
+
+    import gantool.runfolder as runs_module
+
+    class FrozenClock(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime(2026, 1, 2, 3, 4, 5, tzinfo=tz)
+
+    monkeypatch.setattr(runs_module, "datetime", FrozenClock)
+    monkeypatch.chdir(tmp_path)
+    cfg = tiny_train_config(steps_g=2, steps_d=0, steps_joint=0, checkpoint_every=2, sample_every=2)
+    a, b = train(cfg, progress=False), train(cfg, progress=False)
+    assert a.run_dir != b.run_dir and a.run_dir.parent == b.run_dir.parent == (tmp_path / "runs").resolve()
+    for run in (a.run_dir, b.run_dir):
+        assert metric_steps(run) == [1, 2]
+        assert load_checkpoint(run / "checkpoints" / "last.pt")["step"] == 2
+
+
+def test_a_folder_that_is_not_a_run_is_never_written_into(tmp_path):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "config.toml").write_text("my own settings\n")
+    with pytest.raises(InputError, match="not a gantool run folder"):
+        train(tiny_train_config(out=str(folder)), progress=False)
+    assert run_files(folder) == {"config.toml": b"my own settings\n"}
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert train(tiny_train_config(out=str(empty), steps_g=1, steps_d=0, steps_joint=0), progress=False).step == 1
+
+
+def test_resume_into_another_run_is_refused(tmp_path):
+    cfg = tiny_train_config(steps_g=2, steps_d=0, steps_joint=2, checkpoint_every=2, sample_every=100)
+    a = train(cfg.replace(out=str(tmp_path / "a")), progress=False)
+    b = train(cfg.replace(out=str(tmp_path / "b")), progress=False)
+    before = run_files(b.run_dir)
+    result = run_cli("train", "--resume", str(a.last_checkpoint), "--out", str(b.run_dir), "--steps-joint", "4",
+                     "--quiet")
+    assert_one_line_error(result, "already holds a run")
+    assert run_files(b.run_dir) == before
+
+
+def test_resume_from_an_older_checkpoint_refuses_or_branches_with_out(tmp_path):
+    cfg = tiny_train_config(steps_g=2, steps_d=2, steps_joint=4, checkpoint_every=4, sample_every=100)
+    run = train(cfg.replace(out=str(tmp_path / "a")), progress=False).run_dir
+    before = run_files(run)
+    older = run / "checkpoints" / "step_4.pt"
+    result = run_cli("train", "--resume", str(older), "--quiet")
+    assert_one_line_error(result, "newer checkpoint (step 8)")
+    assert "--out" in result.output
+    branch = train({"out": str(tmp_path / "branch"), "steps_joint": 6}, resume=older, progress=False)
+    assert branch.step == 10 and branch.run_dir == (tmp_path / "branch").resolve()
+    assert run_files(run) == before  # the original run is untouched
+    from gantool.runfolder import read_run_file
+
+    assert read_run_file(branch.run_dir)["parent"] == {"checkpoint": str(older.resolve()), "step": 4}
+    assert metric_steps(branch.run_dir) == list(range(5, 11))
+
+
+def test_resume_of_a_checkpoint_outside_a_run_never_writes_beside_it(tmp_path, monkeypatch):
+    run = train(tiny_train_config(out=str(tmp_path / "a"), steps_g=2, steps_d=0, steps_joint=0, checkpoint_every=2),
+                progress=False)
+    folder = tmp_path / "some" / "folder"
+    folder.mkdir(parents=True)
+    (folder / "model.pt").write_bytes(run.last_checkpoint.read_bytes())
+    (folder / "config.toml").write_text("a user's file\n")
+    before = run_files(tmp_path / "some")
+    monkeypatch.chdir(tmp_path)
+    resumed = train({"steps_g": 4}, resume=folder / "model.pt", progress=False)
+    assert resumed.step == 4 and resumed.run_dir.parent == (tmp_path / "runs").resolve()
+    assert run_files(tmp_path / "some") == before
+
+
+def test_kill_9_then_resume_logs_every_step_once(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "gantool", "train", "--out", str(out), *TINY_ARGS, "--steps-g", "100000",
+           "--steps-d", "0", "--steps-joint", "0", "--log-every", "1", "--checkpoint-every", "3",
+           "--sample-every", "100000", "--no-keep-checkpoints"]
+    proc = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_lines(proc, out / "metrics.jsonl", 5)
+    proc.kill()  # SIGKILL: no handler runs
+    proc.communicate(timeout=60)
+    logged = metric_steps(out)
+    state = load_checkpoint(out / "checkpoints" / "last.pt")
+    assert state["step"] % 3 == 0 and state["step"] >= 3
+    resumed = train({"steps_g": max(logged) + 2}, resume=out / "checkpoints" / "last.pt", progress=False)
+    steps = metric_steps(out)
+    assert steps == list(range(1, resumed.step + 1)), steps
+
+
+def wait_for_lines(proc, path: Path, count: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and (not path.exists() or len(path.read_text().splitlines()) < count):
+        assert proc.poll() is None, proc.communicate()[1]
+        time.sleep(0.2)
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_143_and_sigusr1_checkpoints_and_continues(tmp_path):
+    out = tmp_path / "run"
+    last = out / "checkpoints" / "last.pt"
+    cmd = [sys.executable, "-m", "gantool", "train", "--out", str(out), *TINY_ARGS, "--steps-g", "100000",
+           "--steps-d", "0", "--steps-joint", "0", "--log-every", "1", "--checkpoint-every", "100000"]
+    proc = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_lines(proc, out / "metrics.jsonl", 3)
+    assert not last.exists()
+    proc.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not last.exists():
+        assert proc.poll() is None
+        time.sleep(0.1)
+    first = load_checkpoint(last)["step"]
+    lines = len((out / "metrics.jsonl").read_text().splitlines())
+    wait_for_lines(proc, out / "metrics.jsonl", lines + 2)  # it kept training
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr
+    assert "Traceback" not in stderr
+    assert "SIGTERM" in stderr and "--resume" in stderr
+    assert load_checkpoint(last)["step"] > first >= 3
+
+
+def test_full_disk_during_a_checkpoint_ends_the_run_in_one_line(tmp_path, monkeypatch):
+    import errno
+
+    out = tmp_path / "run"
+    real_save = torch.save
+    calls = {"n": 0}
+
+    def save_or_fail(obj, f, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > 1:
+            f.write(b"partial bytes")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save_or_fail)
+    result = run_cli("train", "--out", str(out), *TINY_ARGS, "--steps-g", "8", "--steps-d", "0", "--steps-joint", "0",
+                     "--checkpoint-every", "4", "--sample-every", "100")
+    assert_one_line_error(result, "No space left on device")
+    assert "last.pt" in result.output
+    monkeypatch.setattr(torch, "save", real_save)
+    assert load_checkpoint(out / "checkpoints" / "last.pt")["step"] == 4
+    assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".gantool-tmp-")]
+
+
+def test_a_file_that_is_not_a_checkpoint_keeps_its_cause(tmp_path):
+    import numpy as np
+
+    foreign = tmp_path / "numpy.pt"
+    torch.save({"format": "gantool-checkpoint", "weights": np.zeros(3)}, foreign)
+    with pytest.raises(Exception, match="Unsupported global: GLOBAL numpy") as info:
+        load_checkpoint(foreign)
+    assert "\n" not in str(info.value) and "\x1b" not in str(info.value)
+    with pytest.raises(Exception, match=r"not a gantool checkpoint \(keys: weights\)"):
+        torch.save({"weights": torch.zeros(3)}, foreign)
+        load_checkpoint(foreign)
+
+
+def test_resume_drops_metrics_lines_past_the_checkpoint(tmp_path):
+    """What a kill -9 after step 6 of a run checkpointed at step 4 leaves: lines 5, 6 and a torn one."""
+    cfg = tiny_train_config(out=str(tmp_path / "run"), steps_g=8, steps_d=0, steps_joint=0, checkpoint_every=4,
+                            sample_every=100)
+    half = train(cfg, stop_after=4, progress=False)
+    with (half.run_dir / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 5, "phase": "g", "loss_rec": 1.0, "images_per_s": 1.0}) + "\n")
+        f.write(json.dumps({"step": 6, "phase": "g", "loss_rec": 1.0, "images_per_s": 1.0}) + "\n")
+        f.write('{"step": 7, "pha')
+    train({}, resume=half.last_checkpoint, progress=False)
+    assert metric_steps(half.run_dir) == list(range(1, 9))
+
+
+def test_a_run_in_use_is_not_resumed_twice_and_a_dead_holders_lock_is_taken_over(tmp_path):
+    import socket
+
+    from gantool.runfolder import LOCK_FILE
+
+    cfg = tiny_train_config(out=str(tmp_path / "run"), steps_g=4, steps_d=0, steps_joint=0, checkpoint_every=2,
+                            sample_every=100)
+    half = train(cfg, stop_after=2, progress=False)
+    lock = half.run_dir / LOCK_FILE
+    assert not lock.exists()  # released when the run ended
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock.write_text(f"{socket.gethostname()} {sleeper.pid}\n")  # a live training process holds the run
+        before = run_files(half.run_dir)
+        with pytest.raises(InputError, match="in use by another training process"):
+            train({}, resume=half.last_checkpoint, progress=False)
+        assert run_files(half.run_dir) == before
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # The holder is gone (as after kill -9): its lock is stale and the resume goes on.
+    assert train({}, resume=half.last_checkpoint, progress=False).step == 4
+    assert not lock.exists()

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gantool.config import TrainConfig
+from gantool.config import BENCH_TRAIN_BATCH, TrainConfig
 from gantool.constants import BACKENDS, DEFAULT_BLEND
 from gantool.errors import GantoolError, InputError, ModelError, choice_error, first_line
 from gantool.inference import inpaint_images
@@ -35,11 +35,12 @@ from gantool.runtime import load_backend
 from gantool.train import (
     DiscriminatorPair,
     Networks,
-    amp_supported,
     autocast_for,
     build_optimizers,
     resolve_device,
     train_step,
+    use_amp,
+    use_channels_last,
 )
 
 
@@ -110,10 +111,10 @@ def reference_step_fn(cfg: TrainConfig, device: torch.device) -> Callable[[], No
 
 
 def bench_train(
-    size: int = 160,
-    local_size: int = 96,
-    batch_size: int = 8,
-    width: int = 64,
+    size: int = TrainConfig.size,
+    local_size: int = TrainConfig.local_size,
+    batch_size: int = BENCH_TRAIN_BATCH,
+    width: int = TrainConfig.width,
     steps: int = 5,
     warmup: int = 2,
     device: str = "auto",
@@ -122,11 +123,18 @@ def bench_train(
     reference: bool = True,
 ) -> dict[str, Any]:
     """Median seconds per joint iteration and images/s, for gantool and (optionally)
-    the reference loop, with their ratio."""
+    the reference loop, with their ratio.
+
+    ``amp`` and ``channels_last`` default as in ``gantool train`` (on for CUDA,
+    off on the CPU), so the default benchmark times the default training setup.
+    """
+    for name, value, low in (("steps", steps, 1), ("warmup", warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 10**6:
+            raise InputError(f"--{name} must be an integer in {low}..1000000, got {value!r}")
+    cfg = TrainConfig(size=size, local_size=local_size, batch_size=batch_size, width=width, amp=amp, device=device,
+                      channels_last=channels_last).validate()
     dev = resolve_device(device)
-    amp = amp_supported(dev) if amp is None else amp
-    channels_last = True if channels_last is None else channels_last
-    cfg = TrainConfig(size=size, local_size=local_size, batch_size=batch_size, width=width).validate()
+    amp, channels_last = use_amp(cfg, dev), use_channels_last(cfg, dev)
     rows = []
     runs = [("gantool", gantool_step_fn(cfg, dev, amp, channels_last), {"amp_bf16": amp, "channels_last": channels_last})]
     if reference:
@@ -185,7 +193,7 @@ class _PeakMemory:
     (0 when an earlier run already went higher).
     """
 
-    def __enter__(self) -> "_PeakMemory":
+    def __enter__(self) -> _PeakMemory:
         import resource
 
         self.exact = _peak_rss_reset()

@@ -33,7 +33,18 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     """Write ``state`` (plus format tags) to ``path`` atomically."""
     payload = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "gantool_version": __version__}
     payload.update(state)
-    return atomic_save(path, lambda tmp: torch.save(payload, tmp))
+
+    def write(tmp: Path) -> None:
+        # Through a Python file so a full disk raises OSError(ENOSPC) (atomic_save
+        # turns it into one line); torch's own file writer reports it as an
+        # unreadable RuntimeError ("unexpected pos ...").
+        with tmp.open("wb") as f:
+            torch.save(payload, f)
+
+    try:
+        return atomic_save(path, write)
+    except RuntimeError as e:
+        raise CheckpointError(f"cannot write checkpoint {path}: {first_line(e)}") from None
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -46,9 +57,12 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # torch.load raises many types on foreign bytes (even KeyError)
-        raise CheckpointError(f"{path} is not a readable gantool checkpoint ({first_line(e)})") from None
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{path} is not a gantool checkpoint")
+        raise CheckpointError(f"{path} is not a readable gantool checkpoint ({load_error_cause(e)})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} is not a gantool checkpoint (it holds a {type(state).__name__}, not a dict)")
+    if state.get("format") != CHECKPOINT_FORMAT:
+        found = f"format {state['format']!r}" if "format" in state else f"keys: {', '.join(map(str, list(state)[:5]))}"
+        raise CheckpointError(f"{path} is not a gantool checkpoint ({found})")
     missing = [k for k in REQUIRED_KEYS if k not in state]
     if missing:
         raise CheckpointError(f"{path} is an incomplete gantool checkpoint (missing {', '.join(missing)})")
@@ -57,6 +71,20 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             f"{path} was written by a newer gantool (format {state['version']}); upgrade gantool"
         )
     return state
+
+
+def load_error_cause(error: BaseException) -> str:
+    """The reason in a torch.load error, in one line.
+
+    A weights-only refusal starts with several lines of advice; the cause
+    (which global was refused) is on the "WeightsUnpickler error:" line.
+    """
+    marker = "WeightsUnpickler error:"
+    for line in str(error).splitlines():
+        if marker in line:
+            reason = line.split(marker, 1)[1].split(". Please", 1)[0].strip()
+            return f"a weights-only load refuses it: {first_line(Exception(reason))}"
+    return first_line(error)
 
 
 def model_config_of(state: dict[str, Any]) -> ModelConfig:

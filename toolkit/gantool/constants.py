@@ -52,3 +52,6 @@ DEFAULT_SERVE_MAX_PIXELS = 40_000_000
 SERVE_OUTPUT_FORMATS = ("png", "webp")
 # ``gantool inpaint --ray``: the run's JSON-lines record, in the output folder unless --manifest says.
 RAY_MANIFEST_NAME = "gantool-manifest.jsonl"
+
+# `gantool eval`'s comparison grid, written beside the command (never inside --data).
+DEFAULT_EVAL_GRID = "eval_grid.png"

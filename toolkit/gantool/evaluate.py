@@ -29,11 +29,11 @@ import numpy as np
 from PIL import Image
 
 from gantool.artifacts import META_TRAIN_STEP, META_WEIGHTS_SHA256
-from gantool.constants import DEFAULT_BLEND
+from gantool.constants import DEFAULT_BLEND, DEFAULT_EVAL_GRID, MASK_KINDS
 from gantool.errors import InputError
 from gantool.fileio import atomic_save, ensure_writable_dir
 from gantool.inference import inpaint_arrays
-from gantool.masks import MASK_KINDS, generate_mask
+from gantool.masks import generate_mask
 from gantool.processing import (
     blend_output,
     check_blend,
@@ -58,6 +58,9 @@ METHOD_NAMES = {
 METRICS = ("psnr_hole", "psnr", "ssim_hole", "ssim", "l1_hole", "l1")
 GRID_COLUMNS = ("masked", "telea", "ns", "gantool", "gantool_poisson", "truth")
 INPAINT_RADIUS = 3  # cv2.inpaint's neighbourhood radius, as in OpenCV's own examples
+
+# A PNG text chunk marks eval's own grids, so a grid is never scored as ground truth.
+GRID_MARK = ("gantool", "eval-grid")
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -103,13 +106,37 @@ def square_resize(image: np.ndarray, size: int) -> np.ndarray:
     return to_uint8(resize_array(crop, (size, size))).astype(np.float32) / 255.0
 
 
+def is_eval_grid(path: Path) -> bool:
+    """Whether ``path`` is a grid written by ``gantool eval`` (marked, or the default name)."""
+    if path.name == DEFAULT_EVAL_GRID:
+        return True
+    if path.suffix.lower() != ".png":
+        return False
+    try:
+        with Image.open(path) as image:
+            return image.info.get(GRID_MARK[0]) == GRID_MARK[1]
+    except (OSError, ValueError):
+        return False  # an unreadable file is reported when it is read
+
+
 def find_eval_images(data: str | Path, count: int | None = None) -> list[Path]:
     from gantool.data import find_images
 
-    paths = find_images(data)
+    found = find_images(data)
+    paths = [p for p in found if not is_eval_grid(p)]
+    if len(paths) < len(found):
+        log.warning("ignored %d comparison grid(s) of gantool eval in %s", len(found) - len(paths), data)
     if not paths:
         raise InputError(f"no images in {data}")
     return paths[:count] if count else paths
+
+
+def check_grid_outside_data(grid: Path, data: Path) -> None:
+    """eval never writes into its data: a grid there would replace an input or be scored next time."""
+    grid_at, data_at = grid.resolve(), data.resolve()
+    if grid_at == data_at or data_at in grid_at.parents:
+        raise InputError(f"--grid {grid} is inside --data {data}; eval never writes there: "
+                         "choose a grid path outside the data folder")
 
 
 def seeded_mask(kind: str, seed: int, index: int, size: int, local_size: int, draw: int = 0) -> np.ndarray:
@@ -179,14 +206,19 @@ class EvalResult:
         """The mean over images of every metric, one row per method (best value in bold)."""
         header = "| method | PSNR hole (dB) | PSNR (dB) | SSIM hole | SSIM | L1 hole | L1 |"
         lines = [header, "|---|---|---|---|---|---|---|"]
-        best = {}
+        best: dict[str, float | None] = {}
         for metric in METRICS:
-            values = [self.mean(m, metric) for m in self.methods]
-            best[metric] = min(values) if metric.startswith("l1") else max(values)
+            # An infinite PSNR (an exact fill) is shown as "inf" but not ranked: a mean
+            # with one exact image says nothing about the others.
+            values = [v for v in (self.mean(m, metric) for m in self.methods) if math.isfinite(v)]
+            best[metric] = (min(values) if metric.startswith("l1") else max(values)) if values else None
         for method in self.methods:
             cells = []
             for metric in METRICS:
                 value = self.mean(method, metric)
+                if not math.isfinite(value):
+                    cells.append(str(value))
+                    continue
                 text = f"{value:.2f}" if metric.startswith("psnr") else f"{value:.4f}"
                 cells.append(f"**{text}**" if value == best[metric] and len(self.methods) > 1 else text)
             lines.append(f"| {METHOD_NAMES.get(method, method)} | " + " | ".join(cells) + " |")
@@ -250,6 +282,7 @@ def evaluate(
         raise InputError(f"--masks must be one of {', '.join(MASK_KINDS)}, got {masks!r}")
     grid_path = Path(grid) if grid is not None else None
     if grid_path is not None:
+        check_grid_outside_data(grid_path, Path(data))
         if grid_path.exists() and not overwrite:
             raise InputError(f"{grid_path} exists (use --overwrite, or another --grid)")
         ensure_writable_dir(grid_path.parent)  # fail before the work, not after it
@@ -264,18 +297,30 @@ def evaluate(
     per_image: dict[str, dict[str, list[float]]] = {m: {k: [] for k in METRICS} for m in methods}
     grid_items: list[dict[str, np.ndarray]] = []
     samples = []
+    small: list[str] = []
     for index, path in enumerate(paths):
-        truth = square_resize(image_to_array(read_image(path)), size)
+        image = image_to_array(read_image(path))
+        if min(image.shape[:2]) < size:
+            small.append(f"{path.name} ({image.shape[1]}x{image.shape[0]})")
+        truth = square_resize(image, size)
         for draw in range(masks_per_image):
             samples.append(f"{path.name}#{draw}" if masks_per_image > 1 else path.name)
             mask = seeded_mask(masks, seed, index, size, local_size, draw)
             in_grid = grid_path is not None and draw == 0 and len(grid_items) < grid_rows
             _score(runner, truth, mask, methods, classical, blend, per_image, grid_items if in_grid else None)
 
+    if small:
+        log.warning("%d image(s) smaller than --size %d were enlarged, which flatters every method (first: %s)",
+                    len(small), size, small[0])
     if grid_path is not None:
+        from PIL.PngImagePlugin import PngInfo
+
         columns = [c for c in GRID_COLUMNS if c in grid_items[0]]
         picture = comparison_grid(grid_items, columns)
-        atomic_save(grid_path, lambda tmp: Image.fromarray(picture).save(tmp, format="PNG"), overwrite=overwrite)
+        mark = PngInfo()
+        mark.add_text(*GRID_MARK)
+        atomic_save(grid_path, lambda tmp: Image.fromarray(picture).save(tmp, format="PNG", pnginfo=mark),
+                    overwrite=overwrite)
     settings = {
         "data": str(data), "masks": masks, "size": size, "local_size": local_size, "seed": seed,
         "count": len(paths), "masks_per_image": masks_per_image, "backend": runner.name,

@@ -17,7 +17,7 @@ import math
 import numpy as np
 from PIL import Image, ImageDraw
 
-MASK_KINDS = ("box", "free", "mixed")
+from gantool.constants import MASK_KINDS
 
 
 def _local_corner(rng: np.random.Generator, height: int, width: int, local_size: int) -> tuple[int, int]:

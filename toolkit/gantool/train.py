@@ -27,7 +27,6 @@ import signal
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from gantool.checkpoint import load_checkpoint, save_checkpoint
-from gantool.config import ModelConfig, TrainConfig, toml_text
+from gantool.config import ModelConfig, TrainConfig, check_options, toml_text
 from gantool.data import (
     InpaintingDataset,
     StepBatchSampler,
@@ -56,11 +55,11 @@ from gantool.fileio import atomic_save, atomic_write_text, ensure_writable_dir
 from gantool.losses import discriminator_loss, generator_adversarial_loss, hole_mse, l1, psnr, ssim
 from gantool.networks import CompletionNetwork, ContextDiscriminator, crop_local
 from gantool.processing import to_uint8
+from gantool.runfolder import METRICS_FILE, RunPlan, claim_run_folder, lock_run_folder, plan_run_folder, trim_metrics
 from gantool.tracking import RunTracker, summary_writer_class
 
 log = logging.getLogger(__name__)
 
-PHASES = ("g", "d", "joint")
 PHASE_NAMES = {"g": "completion", "d": "discriminator", "joint": "joint"}
 
 
@@ -231,14 +230,15 @@ def use_channels_last(cfg: TrainConfig, device: torch.device) -> bool:
     return cfg.channels_last if cfg.channels_last is not None else device.type == "cuda"
 
 
+def use_amp(cfg: TrainConfig, device: torch.device) -> bool:
+    """bf16 autocast: as chosen, else on for CUDA only (the CPU keeps fp32 unless asked)."""
+    return cfg.amp if cfg.amp is not None else device.type == "cuda"
+
+
 def build_optimizers(nets: Networks, cfg: TrainConfig) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:
     opt_g = torch.optim.Adam(nets.generator.parameters(), lr=cfg.lr, betas=cfg.betas)
     opt_d = torch.optim.Adam(nets.discriminator.parameters(), lr=cfg.lr_d or cfg.lr, betas=cfg.betas)
     return opt_g, opt_d
-
-
-def default_run_dir() -> Path:
-    return Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
 def rng_state() -> dict[str, Any]:
@@ -277,19 +277,36 @@ class TrainResult:
     interrupted: bool = False
     history: list[dict[str, Any]] = field(default_factory=list)
     rank: int = 0  # under torchrun, only rank 0 wrote files (and should print)
+    stop_signal: int | None = None  # the signal that stopped the run (SIGINT, SIGTERM), if any
+
+    @property
+    def exit_code(self) -> int:
+        """0, or 128 + the stopping signal (130 for Ctrl-C, 143 for SIGTERM), as a shell reports it."""
+        if not self.interrupted:
+            return 0
+        return 128 + (self.stop_signal or signal.SIGINT)
+
+
+# Stop at the next step boundary with a checkpoint: Ctrl-C, and what SLURM, Kubernetes,
+# `timeout` and torchrun send to end a job.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# Write a checkpoint at the next step boundary and keep training (POSIX only).
+CHECKPOINT_SIGNAL: signal.Signals | None = getattr(signal, "SIGUSR1", None)
 
 
 class _StopFlag:
-    """Ctrl-C sets a flag the loop checks at step boundaries; a second Ctrl-C aborts.
+    """Signals set flags the loop checks at step boundaries.
 
-    Under torchrun SIGTERM is handled the same way: torchrun forwards the signal
-    it gets (Ctrl-C's SIGINT, a scheduler's SIGTERM) to its workers, which run in
-    their own sessions, and sends SIGKILL 30 s later (--shutdown-timeout).
+    SIGINT and SIGTERM ask the run to stop (a second one aborts at once);
+    SIGUSR1 asks for a checkpoint now. Under torchrun the launcher forwards the
+    signal it gets (Ctrl-C's SIGINT, a scheduler's SIGTERM) to its workers, which
+    run in their own sessions, and sends SIGKILL 30 s later (--shutdown-timeout).
     """
 
-    def __init__(self, signals: tuple[signal.Signals, ...] = (signal.SIGINT,)) -> None:
+    def __init__(self) -> None:
         self.requested = False
-        self.signals = signals
+        self.signum: int | None = None
+        self.checkpoint_requested = False
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
@@ -297,13 +314,19 @@ class _StopFlag:
             yield
             return
 
-        def handler(signum: int, frame: Any) -> None:
+        def stop(signum: int, frame: Any) -> None:
             if self.requested:
                 raise KeyboardInterrupt
-            self.requested = True
+            self.requested, self.signum = True, signum
 
-        previous = {sig: signal.getsignal(sig) for sig in self.signals}
-        for sig in self.signals:
+        def checkpoint_now(signum: int, frame: Any) -> None:
+            self.checkpoint_requested = True
+
+        handlers: dict[signal.Signals, Any] = {sig: stop for sig in STOP_SIGNALS}
+        if CHECKPOINT_SIGNAL is not None:
+            handlers[CHECKPOINT_SIGNAL] = checkpoint_now
+        previous = {sig: signal.getsignal(sig) for sig in handlers}
+        for sig, handler in handlers.items():
             signal.signal(sig, handler)
         try:
             yield
@@ -323,38 +346,35 @@ MODEL_KEYS = ("size", "local_size", "width", "disc_width", "disc_fc")
 
 def prepare_run(
     options: TrainConfig | Mapping[str, Any], resume: str | Path | None
-) -> tuple[TrainConfig, dict[str, Any] | None, Path]:
-    """Resolve the config, the resume state and the run folder, refusing to clobber a run.
+) -> tuple[TrainConfig, dict[str, Any] | None, RunPlan]:
+    """Resolve and check the config, the resume state and where the run writes.
 
-    ``options`` is a full TrainConfig, or a mapping of explicitly chosen options
-    applied on top of the defaults, or on top of the checkpoint's own config when
-    resuming (a resumed run keeps its schedule, data and model unless told otherwise).
+    Writes nothing: every option is checked (name, type, range) before a folder
+    exists. ``options`` is a full TrainConfig, or a mapping of explicitly chosen
+    options applied on top of the defaults, or on top of the checkpoint's own
+    config when resuming (a resumed run keeps its schedule, data and model
+    unless told otherwise).
     """
+    chosen = check_options(dict(options)) if not isinstance(options, TrainConfig) else None
     state = load_checkpoint(resume) if resume is not None else None
     if state is not None and ("train_config" not in state or "opt_g" not in state):
         raise CheckpointError(f"{resume} has no training state (was it exported weights?)")
     if isinstance(options, TrainConfig):
         cfg = options
     else:
-        # A resumed run writes beside its checkpoint (it may have moved) unless --out says otherwise.
         base = TrainConfig.from_dict(state["train_config"]).replace(out=None) if state else TrainConfig()
-        cfg = base.replace(**options)
+        cfg = base.replace(**(chosen or {}))
     if state is not None:
         saved = TrainConfig.from_dict(state["train_config"])
         clashes = [k for k in MODEL_KEYS if getattr(saved, k) != getattr(cfg, k)]
         if clashes:
             raise InputError(f"--resume: {', '.join(clashes)} differ from the checkpoint's model")
     cfg.validate()
-    if cfg.out:
-        run_dir = Path(cfg.out)
-    elif resume is not None:
-        run_dir = Path(resume).resolve().parent.parent
-    else:
-        run_dir = default_run_dir()
-    checkpoints = run_dir / "checkpoints"
-    if state is None and checkpoints.is_dir() and any(checkpoints.iterdir()):
-        raise InputError(f"{run_dir} already holds a run; use --resume {checkpoints / 'last.pt'} or another --out")
-    return cfg.replace(out=str(run_dir)), state, run_dir
+    step = int(state["step"]) if state is not None else 0
+    if step >= cfg.total_steps:
+        raise InputError(f"the checkpoint is at step {step}, already past the schedule's {cfg.total_steps} steps; "
+                         "raise --steps-joint")
+    return cfg, state, plan_run_folder(cfg.out, resume, state)
 
 
 def train(
@@ -365,28 +385,47 @@ def train(
 ) -> TrainResult:
     """Run (or resume) training. ``stop_after`` ends the run early after that step
     count (checkpointing it), as an interrupted run would."""
-    cfg, state, run_dir = prepare_run(cfg, resume)
+    cfg, state, plan = prepare_run(cfg, resume)
     if cfg.tensorboard:
         summary_writer_class()  # a missing extra fails here, before any folder exists
+    source = open_source(cfg.data, cfg.seed)  # a bad --data fails before a run folder exists
     dist = setup_distributed(cfg.device)
+    release = None
     try:
-        return _train(cfg, state, run_dir, dist, stop_after, progress)
+        device = dist.device or resolve_device(cfg.device)
+        run_dir, release = _claim_on_rank0(plan, dist)
+        return _train(cfg.replace(out=str(run_dir)), state, run_dir, source, device, dist, stop_after, progress)
     finally:
+        if release is not None:
+            release()
         dist.shutdown()
 
 
-def _train(cfg: TrainConfig, state: dict[str, Any] | None, run_dir: Path, dist: DistributedContext,
-           stop_after: int | None, progress: bool) -> TrainResult:
-    if dist.enabled:  # the default run folder is a timestamp: every rank must use rank 0's
-        run_dir = dist.broadcast_object(run_dir)
-        cfg = cfg.replace(out=str(run_dir))
-    device = dist.device or resolve_device(cfg.device)
-    amp = cfg.amp if cfg.amp is not None else device.type == "cuda"
+def _claim_on_rank0(plan: RunPlan, dist: DistributedContext) -> tuple[Path, Any]:
+    """Rank 0 makes (or reuses) the run folder and locks it; every rank gets its path
+    (or its error). Returns the path and rank 0's lock release (None elsewhere)."""
+    run_dir, error, release = None, None, None
+    if dist.is_main:
+        try:
+            run_dir = claim_run_folder(plan)
+            release = lock_run_folder(run_dir)
+        except GantoolError as e:
+            if not dist.enabled:
+                raise
+            error = str(e)
+    run_dir, error = dist.broadcast_object((run_dir, error))
+    if error or run_dir is None:
+        raise InputError(error or "the run folder could not be made")
+    return run_dir, release
+
+
+def _train(cfg: TrainConfig, state: dict[str, Any] | None, run_dir: Path, source: Any, device: torch.device,
+           dist: DistributedContext, stop_after: int | None, progress: bool) -> TrainResult:
+    amp = use_amp(cfg, device)
     if amp and not amp_supported(device) and dist.is_main:
         log.warning("bf16 autocast is not natively supported on this %s; it will be slow", device.type)
     if cfg.sync_bn and not dist.enabled and dist.is_main:
         log.warning("--sync-bn has no effect in a single process (launch with torchrun for several)")
-    source = open_source(cfg.data, cfg.seed)
     if source.skipped and dist.is_main:
         log.warning("skipped %d unreadable file(s) in %s (first: %s)", len(source.skipped), cfg.data, source.skipped[0])
     held = holdout_count(source, cfg.val_images)
@@ -405,8 +444,6 @@ def _train(cfg: TrainConfig, state: dict[str, Any] | None, run_dir: Path, dist: 
         step = int(state["step"])
     if dist.rank > 0:
         seed_rank(cfg.seed, dist.rank, step)
-    if step >= cfg.total_steps:
-        raise InputError(f"the checkpoint is at step {step}, already past the schedule's {cfg.total_steps} steps; raise --steps-joint")
 
     train_items = len(source) - held if cfg.data != "synthetic" else len(source)
     val = validation_batch(source, cfg.val_images, cfg.size, cfg.local_size, cfg.mask, cfg.hole_range(), cfg.seed)
@@ -424,6 +461,7 @@ def _train(cfg: TrainConfig, state: dict[str, Any] | None, run_dir: Path, dist: 
             for sub in ("checkpoints", "samples"):
                 ensure_writable_dir(run_dir / sub)
             atomic_write_text(run_dir / "config.toml", toml_text(cfg.to_dict()))
+            trim_metrics(run_dir / METRICS_FILE, step)  # a killed run may have logged past its checkpoint
         except GantoolError as e:
             if not dist.enabled:
                 raise
@@ -439,6 +477,7 @@ def _train(cfg: TrainConfig, state: dict[str, Any] | None, run_dir: Path, dist: 
     result = TrainResult(run_dir, step, phase_at(step, cfg), None, rank=dist.rank)
     last_good = run_dir / "checkpoints" / "last.pt" if state is not None or step else None
     tracker = RunTracker(cfg, run_dir, step, result.phase, enabled=dist.is_main)  # rank 0 writes
+    saved_step: int | None = None
 
     def checkpoint(at_step: int) -> Path:
         path = run_dir / "checkpoints" / "last.pt"
@@ -459,12 +498,12 @@ def _train(cfg: TrainConfig, state: dict[str, Any] | None, run_dir: Path, dist: 
         tracker.checkpointed(at_step)
         return path
 
-    stop = _StopFlag((signal.SIGINT, signal.SIGTERM) if dist.enabled else (signal.SIGINT,))
+    stop = _StopFlag()
     bar = _progress_bar(progress and dist.is_main, step, end)
     nets.run_generator.train()
     nets.run_pair.train()
     tick, images = time.perf_counter(), 0
-    with stop.installed(), _metrics_writer(run_dir / "metrics.jsonl", dist.is_main) as write_metrics, tracker:
+    with stop.installed(), _metrics_writer(run_dir / METRICS_FILE, dist.is_main) as write_metrics, tracker:
         try:
             for batch in loader:
                 phase = phase_at(step, cfg)
@@ -494,8 +533,12 @@ def _train(cfg: TrainConfig, state: dict[str, Any] | None, run_dir: Path, dist: 
                     result.history.append(record)
                     write_metrics(record)
                     tracker.log_validation(record, sample_path)
-                if dist.is_main and (step % cfg.checkpoint_every == 0 or step == end):
-                    last_good = checkpoint(step)
+                wanted = stop.checkpoint_requested and dist.is_main
+                if dist.is_main and (step % cfg.checkpoint_every == 0 or step == end or wanted):
+                    last_good, saved_step = checkpoint(step), step
+                    if wanted:
+                        stop.checkpoint_requested = False
+                        log.info("checkpoint at step %d (SIGUSR1): %s", step, last_good)
                 bar.update(1)
                 if stop_now:
                     result.interrupted = True
@@ -506,11 +549,12 @@ def _train(cfg: TrainConfig, state: dict[str, Any] | None, run_dir: Path, dist: 
             result.interrupted = True
         finally:
             bar.close()
-        if result.interrupted and dist.is_main and step > result.step:
+        if result.interrupted and dist.is_main and step > result.step and saved_step != step:
             last_good = checkpoint(step)
         tracker.finish(step, phase_at(max(step - 1, 0), cfg), result.interrupted)
     dist.barrier()  # the others wait until rank 0's last checkpoint is on disk
     result.step, result.phase, result.last_checkpoint = step, phase_at(max(step - 1, 0), cfg), last_good
+    result.stop_signal = stop.signum if result.interrupted else None
     return result
 
 
@@ -543,10 +587,17 @@ def _metrics_writer(path: Path, enabled: bool) -> Iterator[Any]:
     if not enabled:
         yield lambda record: None
         return
-    with path.open("a", encoding="utf-8") as f:
+    try:
+        f = path.open("a", encoding="utf-8")
+    except OSError as e:
+        raise InputError(f"cannot write {path}: {e.strerror or e}") from None
+    with f:
         def write(record: dict[str, Any]) -> None:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
+            try:
+                f.write(json.dumps(record) + "\n")
+                f.flush()
+            except OSError as e:  # a full disk ends the run with one line; checkpoints stay intact
+                raise InputError(f"cannot write {path}: {e.strerror or e}") from None
         yield write
 
 

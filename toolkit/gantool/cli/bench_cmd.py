@@ -6,6 +6,7 @@ import json
 
 import click
 
+from gantool.config import BENCH_TRAIN_BATCH, TrainConfig
 from gantool.constants import (
     BACKEND_CHOICES,
     BACKENDS,
@@ -35,14 +36,15 @@ def bench() -> None:
 
 
 @bench.command("train")
-@click.option("--size", default=160, show_default=True)
-@click.option("--local-size", default=96, show_default=True)
-@click.option("--batch-size", default=8, show_default=True)
-@click.option("--width", default=64, show_default=True)
-@click.option("--steps", default=5, show_default=True, help="Timed iterations (after 2 warm-up ones).")
+@click.option("--size", type=int, default=TrainConfig.size, show_default=True)
+@click.option("--local-size", type=int, default=TrainConfig.local_size, show_default=True)
+@click.option("--batch-size", type=int, default=BENCH_TRAIN_BATCH, show_default=True)
+@click.option("--width", type=int, default=TrainConfig.width, show_default=True)
+@click.option("--steps", type=int, default=5, show_default=True, help="Timed iterations (after 2 warm-up ones).")
 @click.option("--device", default="auto", show_default=True)
-@click.option("--amp/--no-amp", default=None, help="bf16 autocast.  [default: when the device supports it]")
-@click.option("--channels-last/--no-channels-last", default=True, show_default=True)
+@click.option("--amp/--no-amp", default=None, help="bf16 autocast.  [default: as gantool train: on for CUDA]")
+@click.option("--channels-last/--no-channels-last", default=None,
+              help="channels_last memory format.  [default: as gantool train: on for CUDA]")
 @click.option("--reference/--no-reference", default=True, show_default=True,
               help="Also time the GLCIC-PyTorch phase-3 iteration for comparison.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from gantool.cli.options import backend_option, provider_option
-from gantool.constants import BLEND_MODES, DEFAULT_BLEND, MASK_KINDS
+from gantool.constants import BLEND_MODES, DEFAULT_BLEND, DEFAULT_EVAL_GRID, MASK_KINDS
 
 HELP_EPILOG = """\b
 Examples:
@@ -32,16 +32,16 @@ Examples:
 @click.option("--count", type=click.IntRange(min=1), default=None, help="Use only the first N images.")
 @click.option("--masks-per-image", type=click.IntRange(min=1), default=1, show_default=True,
               help="Score each image with this many different holes.")
-@click.option("--grid", type=click.Path(dir_okay=False, path_type=Path), default=Path("eval_grid.png"),
-              show_default=True,
-              help="Comparison grid PNG: masked | Telea | Navier-Stokes | gantool | gantool + blend | truth.")
+@click.option("--grid", type=click.Path(dir_okay=False, path_type=Path), default=Path(DEFAULT_EVAL_GRID),
+              show_default=True, help="Comparison grid PNG: masked | Telea | Navier-Stokes | gantool | gantool + blend "
+              "| truth (never inside --data; eval's own grids found there are not scored).")
 @click.option("--no-grid", is_flag=True, help="Do not write the grid.")
 @click.option("--blend", type=click.Choice(BLEND_MODES), default=DEFAULT_BLEND, show_default=True,
               help="Also score the model's output after this post-processing, as a row beside the raw output "
               "(none: the raw output only).")
 @provider_option
 @backend_option
-@click.option("--overwrite", is_flag=True, help="Replace an existing grid file.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing grid file (never an input image).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (means and per-image values).")
 def eval_(model: str | None, data: Path, grid: Path, no_grid: bool, as_json: bool, **options) -> None:
     """Compare MODEL (raw and blended) with mean-pixel fill and OpenCV's Telea and Navier-Stokes

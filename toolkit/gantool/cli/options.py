@@ -26,7 +26,7 @@ def explicit_options(ctx: click.Context, values: dict[str, Any]) -> dict[str, An
     """Only the options the user gave (so a config file or checkpoint fills the rest)."""
     chosen = {}
     for name, value in values.items():
-        source = ctx.get_parameter_source("compile_" if name == "compile" else name)
+        source = ctx.get_parameter_source(name)
         if source not in (None, ParameterSource.DEFAULT) and value is not None:
             chosen[name] = value
     return chosen

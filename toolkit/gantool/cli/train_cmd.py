@@ -1,74 +1,143 @@
-"""``gantool train``: parse options, call :func:`gantool.train.train`, print."""
+"""``gantool train``: parse options, call :func:`gantool.train.train`, print.
+
+Every option's default comes from :class:`gantool.config.TrainConfig` (shown
+by ``--help``); values are checked by the library before anything is written.
+"""
 
 from __future__ import annotations
 
+import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
 
 from gantool.cli.options import explicit_options
+from gantool.config import TrainConfig
+from gantool.constants import MASK_KINDS
 
 HELP_EPILOG = """\b
 Examples:
   gantool train --data synthetic --size 64 --local-size 32 --width 16 --steps-g 200 --steps-d 50 --steps-joint 200
   gantool train --data ~/photos --config examples/train_small.toml --out runs/photos
   gantool train --resume runs/photos/checkpoints/last.pt --steps-joint 5000
+  gantool train --resume runs/photos/checkpoints/step_5000.pt --out runs/photos-branch
 """
 
+DEFAULTS = TrainConfig()
 
-@click.command(epilog=HELP_EPILOG)
-@click.option("--data", help="Image folder (recursive) or 'synthetic'.  [default: synthetic]")
-@click.option("--out", type=click.Path(file_okay=False), help="Run folder.  [default: runs/<timestamp>]")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML file of options; command-line options override it.")
-@click.option("--size", type=int, help="Training image size (multiple of 4).  [default: 160]")
-@click.option("--local-size", type=int, help="Local discriminator crop; holes lie inside it.  [default: 96]")
-@click.option("--batch-size", type=int, help="Global batch size.  [default: 16]")
-@click.option("--width", type=int, help="Generator base width (GLCIC: 64).  [default: 64]")
-@click.option("--disc-width", type=int, help="Discriminator base width.  [default: 64]")
-@click.option("--disc-fc", type=int, help="Discriminator fully connected width.  [default: 1024]")
-@click.option("--steps-g", type=int, help="Phase 1: reconstruction-only steps.  [default: 90000]")
-@click.option("--steps-d", type=int, help="Phase 2: discriminator-only steps.  [default: 10000]")
-@click.option("--steps-joint", type=int, help="Phase 3: joint steps.  [default: 400000]")
-@click.option("--lr", type=float, help="Adam learning rate.  [default: 2e-4]")
-@click.option("--lr-d", type=float, help="Discriminator learning rate.  [default: --lr]")
-@click.option("--betas", type=(float, float), help="Adam betas.  [default: 0.5 0.999]")
-@click.option("--alpha", type=float, help="Adversarial loss weight.  [default: 4e-4]")
-@click.option("--recon-weight", type=float, help="Reconstruction loss weight.  [default: 1.0]")
-@click.option("--mask", type=click.Choice(["box", "free", "mixed"]), help="Hole shapes.  [default: box]")
-@click.option("--seed", type=int, help="Seed for weights, data order, crops and masks.  [default: 0]")
-@click.option("--device", help="auto, cpu, cuda or cuda:N.  [default: auto]")
-@click.option("--amp/--no-amp", default=None, help="bf16 autocast.  [default: on for CUDA]")
-@click.option("--channels-last/--no-channels-last", default=None, help="channels_last memory format.  [default: on for CUDA]")
-@click.option("--compile", "compile_", is_flag=True, default=None, help="torch.compile both networks.")
-@click.option("--sync-bn", is_flag=True, default=None, help="SyncBatchNorm across processes (torchrun).")
-@click.option("--resume", type=click.Path(dir_okay=False), help="Continue exactly from a checkpoint.")
-@click.option("--sample-every", type=int, help="Validate and save a sample grid every N steps.  [default: 500]")
-@click.option("--checkpoint-every", type=int, help="Checkpoint every N steps.  [default: 1000]")
-@click.option("--log-every", type=int, help="Append to metrics.jsonl every N steps.  [default: 10]")
-@click.option("--workers", type=int, help="DataLoader worker processes.  [default: 2]")
-@click.option("--tensorboard/--no-tensorboard", default=None,
-              help='Write TensorBoard logs to <run>/tensorboard/ (pip install "gantool[tensorboard]").')
+
+def config_option(name: str, help: str, show: str | bool = True, **kwargs: Any) -> Callable[[Any], Any]:
+    """``--name`` for the TrainConfig field ``name``, its default taken from the dataclass."""
+    flag = "--" + name.replace("_", "-")
+    default = getattr(DEFAULTS, name)
+    if default is None:  # decided at run time: say how instead of "None"
+        return click.option(flag, name, default=None, show_default=show, help=help, **kwargs)
+    return click.option(flag, name, default=default, show_default=show, help=help, **kwargs)
+
+
+def flag_option(name: str, help: str, show: str | bool = True) -> Callable[[Any], Any]:
+    """``--name/--no-name`` for a boolean TrainConfig field."""
+    flag = name.replace("_", "-")
+    return click.option(
+        f"--{flag}/--no-{flag}",
+        name,
+        default=getattr(DEFAULTS, name),
+        show_default=show,
+        help=help,
+    )
+
+
+class OneLineErrors(click.Command):
+    """Bad option values are one line (no usage block), like every other error."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as e:
+            raise click.ClickException(e.format_message()) from None
+
+
+@click.command(cls=OneLineErrors, epilog=HELP_EPILOG)
+@config_option("data", "Image folder (recursive) or 'synthetic'.")
+@config_option(
+    "out",
+    "Run folder: new or empty (an existing run is never written into, except by --resume).",
+    show="runs/<timestamp>",
+    type=click.Path(file_okay=False),
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False),
+    help="TOML file of options (keys as below, e.g. batch_size = 8); command-line options override it.",
+)
+@config_option("size", "Training image size (multiple of 4).", type=int)
+@config_option("local_size", "Local discriminator crop; holes lie inside it.", type=int)
+@config_option("batch_size", "Global batch size.", type=int)
+@config_option("width", "Generator base width (GLCIC: 64).", type=int)
+@config_option("disc_width", "Discriminator base width.", type=int)
+@config_option("disc_fc", "Discriminator fully connected width.", type=int)
+@config_option("steps_g", "Phase 1: reconstruction-only steps.", type=int)
+@config_option("steps_d", "Phase 2: discriminator-only steps.", type=int)
+@config_option("steps_joint", "Phase 3: joint steps.", type=int)
+@config_option("lr", "Adam learning rate.", type=float)
+@config_option("lr_d", "Discriminator learning rate.", show="--lr", type=float)
+@config_option("betas", "Adam betas.", type=(float, float))
+@config_option("alpha", "Adversarial loss weight.", type=float)
+@config_option("recon_weight", "Reconstruction loss weight.", type=float)
+@config_option("mask", "Hole shapes.", type=click.Choice(MASK_KINDS))
+@config_option("hole_min", "Smallest box hole side in pixels.", show="local_size/2", type=int)
+@config_option("hole_max", "Largest box hole side in pixels.", show="local_size", type=int)
+@config_option("seed", "Seed for weights, data order, crops and masks.", type=int)
+@config_option("device", "auto, cpu, cuda or cuda:N.")
+@flag_option("amp", "bf16 autocast.", show="on for CUDA")
+@flag_option("channels_last", "channels_last memory format.", show="on for CUDA")
+@flag_option("compile", "torch.compile both networks.")
+@flag_option("sync_bn", "SyncBatchNorm across processes (torchrun).")
+@click.option(
+    "--resume",
+    type=click.Path(dir_okay=False),
+    help="Continue exactly from a checkpoint, in its own run (or in a new --out).",
+)
+@config_option("val_images", "Held-out validation images.", type=int)
+@config_option("sample_every", "Validate and save a sample grid every N steps.", type=int)
+@config_option("checkpoint_every", "Checkpoint every N steps.", type=int)
+@flag_option("keep_checkpoints", "Also keep checkpoints/step_<N>.pt.")
+@config_option("log_every", "Append to metrics.jsonl every N steps.", type=int)
+@config_option("workers", "DataLoader worker processes.", type=int)
+@flag_option("tensorboard", 'Write TensorBoard logs to <run>/tensorboard/ (pip install "gantool[tensorboard]").')
+@config_option(
+    "fill",
+    "Pixel written into holes (R G B in [0, 1]).",
+    show="mean pixel of the data",
+    type=(float, float, float),
+)
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def train(config_file: str | None, resume: str | None, quiet: bool, compile_: bool | None, **options: Any) -> None:
+def train(config_file: str | None, resume: str | None, quiet: bool, **options: Any) -> None:
     """Train a GLCIC inpainting GAN with the fixed GAN loop.
 
     Phases: reconstruction only (--steps-g), discriminator only (--steps-d), then
     joint (--steps-joint). Writes checkpoints/, samples/, metrics.jsonl and
-    config.toml to the run folder. Ctrl-C saves a checkpoint and exits 130.
+    config.toml to the run folder. Ctrl-C or SIGTERM finishes the step, saves a
+    checkpoint and exits 130 or 143; SIGUSR1 saves a checkpoint and continues.
     """
     from gantool.config import read_toml
-    from gantool.train import train as run_training
+    from gantool.train import train as run_training  # imports torch: only when training
 
-    options["compile"] = compile_
     chosen = read_toml(config_file) if config_file else {}
     chosen.update(explicit_options(click.get_current_context(), options))
     result = run_training(chosen, resume=resume, progress=not quiet)
     if result.rank != 0:  # under torchrun, rank 0 speaks for the run
-        sys.exit(130 if result.interrupted else 0)
+        sys.exit(result.exit_code)
     where = result.last_checkpoint or "(no checkpoint)"
     if result.interrupted:
-        click.echo(f"interrupted at step {result.step}; checkpoint: {where}", err=True)
+        name = signal.Signals(result.stop_signal or signal.SIGINT).name
+        click.echo(
+            f"interrupted at step {result.step} by {name}; checkpoint: {where}",
+            err=True,
+        )
         click.echo(f"resume with: gantool train --resume {where}", err=True)
-        sys.exit(130)
+        sys.exit(result.exit_code)
     click.echo(f"done: step {result.step} ({result.phase} phase); run folder {result.run_dir}; checkpoint {where}")
