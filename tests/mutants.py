@@ -291,6 +291,13 @@ MUTANTS: list[Mutant] = [
         "    if False:",
         (f"{BOUNDS}::test_zero_one_mask_png_is_read_as_a_zero_one_mask_inpainter",),
     ),
+    Mutant(
+        "run_folder_not_claimed_exclusively",
+        "runfolder.py",
+        "        fd = os.open(folder / RUN_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)",
+        "        fd = os.open(folder / RUN_FILE, os.O_WRONLY | os.O_CREAT, 0o666)",
+        ("test_train.py::test_two_claims_of_one_out_folder_racing_past_the_check_let_only_one_win",),
+    ),
 ]
 
 

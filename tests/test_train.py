@@ -265,6 +265,18 @@ def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path, monkeyp
     assert (first / RUN_FILE).is_file() and (second / RUN_FILE).is_file()
 
 
+def test_two_claims_of_one_out_folder_racing_past_the_check_let_only_one_win(tmp_path, monkeypatch):
+    """Both processes saw an empty --out (the race); the run file's O_EXCL decides."""
+    import gantool.runfolder as runfolder
+    from gantool.errors import InputError
+
+    monkeypatch.setattr(runfolder, "_check_new_folder", lambda folder: None)  # both passed the check
+    out = tmp_path / "shared"
+    runfolder.claim_run_folder(runfolder.RunPlan(out, True))
+    with pytest.raises(InputError, match="another process claimed it"):
+        runfolder.claim_run_folder(runfolder.RunPlan(out, True))
+
+
 def test_two_default_runs_at_once_never_share_a_folder(tmp_path, monkeypatch):
     """Two whole training runs without --out, the clock frozen to one second."""
     from datetime import datetime
