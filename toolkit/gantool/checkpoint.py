@@ -67,9 +67,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if missing:
         raise CheckpointError(f"{path} is an incomplete gantool checkpoint (missing {', '.join(missing)})")
     if state["version"] > CHECKPOINT_VERSION:
-        raise CheckpointError(
-            f"{path} was written by a newer gantool (format {state['version']}); upgrade gantool"
-        )
+        raise CheckpointError(f"{path} was written by a newer gantool (format {state['version']}); upgrade gantool")
     return state
 
 
@@ -142,7 +140,7 @@ def load_generator_weights(path: str | Path) -> tuple[CompletionNetwork, dict[st
     try:
         with safetensors.safe_open(str(path), framework="pt") as f:
             meta = dict(f.metadata() or {})
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
         config = ModelConfig.from_dict(json.loads(meta[META_MODEL_CONFIG]))
     except (KeyError, json.JSONDecodeError, TypeError, ValueError):
         raise CheckpointError(f"{path} has no gantool model config in its metadata") from None

@@ -71,9 +71,7 @@ class ImageFolderSource:
                 self.skipped.append(path)
         if not self.paths:
             found = f"{len(candidates)} candidate file(s), none readable" if candidates else "no image files"
-            raise InputError(
-                f"no readable images in {self.root} ({found}; extensions: {', '.join(IMAGE_EXTENSIONS)})"
-            )
+            raise InputError(f"no readable images in {self.root} ({found}; extensions: {', '.join(IMAGE_EXTENSIONS)})")
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -235,7 +233,9 @@ def validation_batch(
     return tuple(torch.stack(t) for t in zip(*items))  # type: ignore[return-value]
 
 
-def estimate_fill(source: ImageFolderSource | SyntheticSource, size: int, limit: int = 64) -> tuple[float, float, float]:
+def estimate_fill(
+    source: ImageFolderSource | SyntheticSource, size: int, limit: int = 64
+) -> tuple[float, float, float]:
     """The mean pixel over up to ``limit`` training images (GLCIC fills holes with it)."""
     n = min(limit, len(source))
     rng = np.random.default_rng(0)

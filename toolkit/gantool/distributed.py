@@ -86,8 +86,9 @@ class DistributedContext:
         if not self.enabled:
             return {k: float(v) for k, v in losses.items()}, stop
         device = next(iter(losses.values())).device if names else (self.device or torch.device("cpu"))
-        packed = torch.stack([*(losses[k].detach().float().reshape(()) for k in names),
-                              torch.tensor(float(stop), device=device)])
+        packed = torch.stack(
+            [*(losses[k].detach().float().reshape(()) for k in names), torch.tensor(float(stop), device=device)]
+        )
         torch_dist.all_reduce(packed, op=torch_dist.ReduceOp.SUM)
         values = packed.tolist()
         return {k: v / self.world_size for k, v in zip(names, values)}, values[-1] > 0

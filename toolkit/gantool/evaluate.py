@@ -135,8 +135,10 @@ def check_grid_outside_data(grid: Path, data: Path) -> None:
     """eval never writes into its data: a grid there would replace an input or be scored next time."""
     grid_at, data_at = grid.resolve(), data.resolve()
     if grid_at == data_at or data_at in grid_at.parents:
-        raise InputError(f"--grid {grid} is inside --data {data}; eval never writes there: "
-                         "choose a grid path outside the data folder")
+        raise InputError(
+            f"--grid {grid} is inside --data {data}; eval never writes there: "
+            "choose a grid path outside the data folder"
+        )
 
 
 def seeded_mask(kind: str, seed: int, index: int, size: int, local_size: int, draw: int = 0) -> np.ndarray:
@@ -310,8 +312,12 @@ def evaluate(
             _score(runner, truth, mask, methods, classical, blend, per_image, grid_items if in_grid else None)
 
     if small:
-        log.warning("%d image(s) smaller than --size %d were enlarged, which flatters every method (first: %s)",
-                    len(small), size, small[0])
+        log.warning(
+            "%d image(s) smaller than --size %d were enlarged, which flatters every method (first: %s)",
+            len(small),
+            size,
+            small[0],
+        )
     if grid_path is not None:
         from PIL.PngImagePlugin import PngInfo
 
@@ -319,21 +325,36 @@ def evaluate(
         picture = comparison_grid(grid_items, columns)
         mark = PngInfo()
         mark.add_text(*GRID_MARK)
-        atomic_save(grid_path, lambda tmp: Image.fromarray(picture).save(tmp, format="PNG", pnginfo=mark),
-                    overwrite=overwrite)
+        atomic_save(
+            grid_path, lambda tmp: Image.fromarray(picture).save(tmp, format="PNG", pnginfo=mark), overwrite=overwrite
+        )
     settings = {
-        "data": str(data), "masks": masks, "size": size, "local_size": local_size, "seed": seed,
-        "count": len(paths), "masks_per_image": masks_per_image, "backend": runner.name,
-        "provider": runner.provider, "model_file": str(runner.path),
-        "opencv_radius": INPAINT_RADIUS if classical else None, "blend": blend,
+        "data": str(data),
+        "masks": masks,
+        "size": size,
+        "local_size": local_size,
+        "seed": seed,
+        "count": len(paths),
+        "masks_per_image": masks_per_image,
+        "backend": runner.name,
+        "provider": runner.provider,
+        "model_file": str(runner.path),
+        "opencv_radius": INPAINT_RADIUS if classical else None,
+        "blend": blend,
     }
     model_meta = {k: v for k, v in runner.metadata.items() if k in (META_TRAIN_STEP, META_WEIGHTS_SHA256)}
     return EvalResult(settings, samples, per_image, grid_path, model_meta)
 
 
 def _score(
-    runner: Any, truth: np.ndarray, mask: np.ndarray, methods: list[str], classical: bool, blend: str,
-    per_image: dict[str, dict[str, list[float]]], grid_items: list[dict[str, np.ndarray]] | None,
+    runner: Any,
+    truth: np.ndarray,
+    mask: np.ndarray,
+    methods: list[str],
+    classical: bool,
+    blend: str,
+    per_image: dict[str, dict[str, list[float]]],
+    grid_items: list[dict[str, np.ndarray]] | None,
 ) -> None:
     """Fill one hole with every method; append the metrics (and a grid row)."""
     outputs: dict[str, np.ndarray] = {}

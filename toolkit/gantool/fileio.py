@@ -160,7 +160,7 @@ def atomic_write_text(path: str | Path, text: str, overwrite: bool = True) -> Pa
     return atomic_write_bytes(path, text.encode("utf-8"), overwrite)
 
 
-def atomic_save(path: str | Path, save: Callable[[Path], None], overwrite: bool = True) -> Path:
+def atomic_save(path: str | Path, save: Callable[[Path], object], overwrite: bool = True) -> Path:
     """Call ``save(tmp_path)`` and move the result onto ``path`` atomically."""
     with atomic_path(path, overwrite) as tmp:
         save(tmp)

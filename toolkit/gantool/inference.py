@@ -177,9 +177,7 @@ def crop_windows(mask: np.ndarray, train_size: int, margin: int | None = None) -
     return windows
 
 
-def plan_windows(
-    mask: np.ndarray, strategy: str, train_size: int, crop_margin: int | None = None
-) -> list[Window]:
+def plan_windows(mask: np.ndarray, strategy: str, train_size: int, crop_margin: int | None = None) -> list[Window]:
     """Where the model runs for one image (no windows for an empty mask)."""
     height, width = mask.shape
     if not (mask > 0.5).any():
@@ -280,7 +278,9 @@ def inpaint_arrays(
             raise InputError(f"mask is {mask.shape[1]}x{mask.shape[0]} but image is {image.shape[1]}x{image.shape[0]}")
     sources = [(lambda w, image=image: image[w.region], mask) for image, mask in items]
     results = [np.array(image, dtype=np.float32, copy=True) for image, _ in items]
-    for result, (_, mask), fills in zip(results, items, _fill_windows(backend, sources, strategy, batch_size, crop_margin, blend)):
+    for result, (_, mask), fills in zip(
+        results, items, _fill_windows(backend, sources, strategy, batch_size, crop_margin, blend)
+    ):
         for window, filled in fills:
             region = result[window.region]
             region[...] = paste_holes(region, filled, mask[window.region])

@@ -19,9 +19,7 @@ from torch.nn.utils.fusion import fuse_conv_bn_eval
 from gantool.config import ModelConfig
 
 
-def conv_block(
-    cin: int, cout: int, kernel: int = 3, stride: int = 1, dilation: int = 1
-) -> nn.Sequential:
+def conv_block(cin: int, cout: int, kernel: int = 3, stride: int = 1, dilation: int = 1) -> nn.Sequential:
     padding = dilation * (kernel - 1) // 2
     conv = nn.Conv2d(cin, cout, kernel, stride, padding, dilation=dilation, bias=False)
     return nn.Sequential(conv, nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
@@ -42,6 +40,8 @@ class CompletionNetwork(nn.Module):
     output is composited inside forward, so known pixels come back exactly.
     H and W must be multiples of ``config.stride`` (4).
     """
+
+    fill: Tensor  # a registered buffer: the mean pixel written into holes
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()

@@ -39,7 +39,14 @@ from gantool.constants import (
 from gantool.errors import GantoolError, InputError, first_line
 from gantool.fileio import atomic_save
 from gantool.inference import boxes_to_mask, check_mask_size, inpaint_images
-from gantool.processing import check_blend, IMAGE_EXTENSIONS, PNG_COMPRESS_LEVEL, alpha_hole_mask, mask_to_array, read_image
+from gantool.processing import (
+    IMAGE_EXTENSIONS,
+    PNG_COMPRESS_LEVEL,
+    alpha_hole_mask,
+    check_blend,
+    mask_to_array,
+    read_image,
+)
 from gantool.runtime import Backend, load_backend
 
 OUTPUT_SUFFIX = ".inpainted.png"
@@ -115,12 +122,8 @@ class MaskSource:
             return np.maximum.reduce(parts) if len(parts) > 1 else parts[0]
         alpha = alpha_hole_mask(image)
         if alpha is None:
-            raise InputError(
-                f"no mask for {job.source.name}: give --mask or --box, or an image with transparent holes"
-            )
+            raise InputError(f"no mask for {job.source.name}: give --mask or --box, or an image with transparent holes")
         return alpha
-
-
 
 
 def _is_candidate(path: Path) -> bool:
@@ -190,7 +193,8 @@ def plan_jobs(images: Sequence[tuple[Path, Path]], output: str | Path | None = N
         return [ImageJob(source, out, relative)]
     if out is not None and out.exists() and not out.is_dir():
         raise InputError(f"-o {out} is an existing file that is not a .png: give a folder or a .png name")
-    jobs, claimed = [], {}
+    jobs: list[ImageJob] = []
+    claimed: dict[Path, Path] = {}
     for source, relative in images:
         name = relative.with_name(source.stem + OUTPUT_SUFFIX)
         dest = out / name if out is not None else source.with_name(name.name)
@@ -393,10 +397,13 @@ def inpaint_files(
     chunks = list(_chunks(jobs, batch_size))
     # A reader thread decodes the next batch while this one runs (one thread: MaskSource
     # is used from it alone).
-    with ThreadPoolExecutor(1, thread_name_prefix="gantool-read") as reader, \
-            ThreadPoolExecutor(1, thread_name_prefix="gantool-write") as writer:
+    with (
+        ThreadPoolExecutor(1, thread_name_prefix="gantool-read") as reader,
+        ThreadPoolExecutor(1, thread_name_prefix="gantool-write") as writer,
+    ):
         upcoming = reader.submit(load, chunks[0]) if chunks else None
         for number, _ in enumerate(chunks):
+            assert upcoming is not None  # one submitted per chunk
             loaded, failed = upcoming.result()
             upcoming = reader.submit(load, chunks[number + 1]) if number + 1 < len(chunks) else None
             for result in failed:

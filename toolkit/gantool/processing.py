@@ -119,9 +119,10 @@ def read_image(
 
 def _decodes_16bit_colour_as_8bit(img: Image.Image) -> bool:
     """A 16-bit RGB(A) file that this Pillow decodes to 8-bit RGB(A) (seen from the raw mode)."""
-    if img.mode not in ("RGB", "RGBA") or not img.tile:
+    tile = getattr(img, "tile", None)  # ImageFile only: what the decoder will read, before load()
+    if img.mode not in ("RGB", "RGBA") or not tile:
         return False
-    args = img.tile[0].args
+    args = tile[0].args
     rawmode = args if isinstance(args, str) else (args[0] if isinstance(args, tuple) and args else "")
     return isinstance(rawmode, str) and ";16" in rawmode
 
@@ -223,8 +224,8 @@ def mask_to_array(img: Image.Image | np.ndarray) -> np.ndarray:
     if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
         # A mask drawn on a transparent layer: painted (opaque, bright) pixels are holes.
         img = img.convert("RGBA")
-        arr = np.asarray(img.convert("L"), dtype=np.float32) * (np.asarray(img.getchannel("A")) / 255.0)
-        return (arr > 127).astype(np.float32)
+        painted = np.asarray(img.convert("L"), dtype=np.float32) * (np.asarray(img.getchannel("A")) / 255.0)
+        return (painted > 127).astype(np.float32)
     grey = np.asarray(img.convert("L"))
     zero_one = _zero_one_mask(grey)
     return zero_one if zero_one is not None else (grey > 127).astype(np.float32)
@@ -260,7 +261,7 @@ def pad_to_multiple(
         return image, mask, pad
     mode = "reflect" if (top < height and bottom < height and left < width and right < width) else "edge"
     spec = ((0, 0), (0, 0), (top, bottom), (left, right))
-    return np.pad(image, spec, mode=mode), np.pad(mask, spec, mode="constant"), pad
+    return np.pad(image, spec, mode=mode), np.pad(mask, spec, mode="constant"), pad  # type: ignore[call-overload]
 
 
 def crop_padding(batch: np.ndarray, pad: tuple[int, int, int, int]) -> np.ndarray:

@@ -68,7 +68,7 @@ from gantool.pipeline import (
     write_output,
     written,
 )
-from gantool.processing import check_blend, IMAGE_EXTENSIONS
+from gantool.processing import IMAGE_EXTENSIONS, check_blend
 
 log = logging.getLogger(__name__)
 

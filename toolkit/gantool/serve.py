@@ -602,9 +602,7 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
             Form(description="Rectangular holes X,Y,W,H (repeatable)."),
         ] = None,
         strategy: Annotated[str, Form(description="auto, full, crop or resize.")] = settings.strategy,
-        blend: Annotated[
-            str, Form(description="poisson (GLCIC's post-processing) or none.")
-        ] = inpainter.blend,
+        blend: Annotated[str, Form(description="poisson (GLCIC's post-processing) or none.")] = inpainter.blend,
         output_format: Annotated[str, Form(alias="format", description="png, or webp (lossless).")] = "png",
     ) -> Response:
         """The image with its holes filled: the input's size and orientation, known

@@ -218,11 +218,11 @@ def build_networks(model_cfg: ModelConfig, cfg: TrainConfig, device: torch.devic
         generator = nn.SyncBatchNorm.convert_sync_batchnorm(generator)
         discriminator = nn.SyncBatchNorm.convert_sync_batchnorm(discriminator)
     memory_format = torch.channels_last if use_channels_last(cfg, device) else torch.contiguous_format
-    generator.to(device, memory_format=memory_format)
-    discriminator.to(device, memory_format=memory_format)
+    generator.to(device=device, memory_format=memory_format)  # type: ignore[call-overload]
+    discriminator.to(device=device, memory_format=memory_format)  # type: ignore[call-overload]
     run_generator, run_pair = dist.wrap(generator), dist.wrap(DiscriminatorPair(discriminator))
     if cfg.compile:
-        run_generator, run_pair = torch.compile(run_generator), torch.compile(run_pair)
+        run_generator, run_pair = torch.compile(run_generator), torch.compile(run_pair)  # type: ignore[assignment]
     return Networks(generator, discriminator, run_generator, run_pair)
 
 
@@ -244,7 +244,7 @@ def build_optimizers(nets: Networks, cfg: TrainConfig) -> tuple[torch.optim.Opti
 def rng_state() -> dict[str, Any]:
     """Global RNG states as plain containers and tensors (weights_only-loadable)."""
     name, keys, pos, has_gauss, gauss = np.random.get_state()
-    numpy_state = {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+    numpy_state = {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),  # type: ignore[attr-defined]
                    "has_gauss": int(has_gauss), "gauss": float(gauss)}
     state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy_state}
     if torch.cuda.is_available():
@@ -447,7 +447,7 @@ def _train(cfg: TrainConfig, state: dict[str, Any] | None, run_dir: Path, source
 
     train_items = len(source) - held if cfg.data != "synthetic" else len(source)
     val = validation_batch(source, cfg.val_images, cfg.size, cfg.local_size, cfg.mask, cfg.hole_range(), cfg.seed)
-    val = tuple(t.to(device) for t in val)
+    val = tuple(t.to(device) for t in val)  # type: ignore[assignment]
     end = min(cfg.total_steps, stop_after) if stop_after is not None else cfg.total_steps
     # Each rank takes its contiguous share of the same step-indexed global batch
     # (the DistributedSampler role; exact on resume, independent of the rank count).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -39,10 +40,8 @@ def info(file: Path, as_json: bool) -> None:
         description = describe_file(file)
     except ModelError:
         # A model without gantool metadata is refused, but its traces are still worth a warning.
-        try:
+        with contextlib.suppress(GantoolError):  # unreadable: the error below says why
             _warn_traces(file, find_machine_traces(file))
-        except GantoolError:
-            pass  # unreadable: the error below says why
         raise
     if as_json:
         click.echo(json.dumps(description, indent=2, default=str))
