@@ -15,6 +15,11 @@
 #   export         `gantool export` of that run's checkpoint (fp32 + fp16 ONNX, TorchScript)
 #   ort_cuda       ONNX Runtime's CUDA provider really runs the export and matches the CPU;
 #                  skipped when onnxruntime-gpu is not installed (see below)
+#   formats        the formats of today on CUDA: `gantool export --pt2 --aoti --fp16` (AOTInductor
+#                  compiled for this GPU), then aoti and pt2 in fp32, eager and pt2 in bf16, ORT fp16
+#                  on CUDA and ORT on TensorRT, each against eager fp32 on the CPU (fp32 max abs
+#                  <= 1e-3, bf16 >= 35 dB, fp16 >= 40 dB hole PSNR; known pixels exact). The ORT rows
+#                  are recorded but optional: they need onnxruntime-gpu (and TensorRT). Skipped on the CPU.
 #   bench_train    `gantool bench train --json` on the device
 #   bench_inpaint  `gantool bench inpaint --json` on the device (skipped if the command is missing)
 #   bench_ray      `gantool bench inpaint --ray` with 1 GPU against all GPUs (one actor per GPU);
@@ -313,6 +318,56 @@ sys.exit("CUDA provider fell back or disagrees with the CPU" if worst else 0)
 PYEOF
 }
 
+stage_formats() {
+    [[ "$DEVICE" == cuda ]] || { echo "SKIP: dry run on the CPU"; exit 77; }
+    [[ -f "$WORK/run/checkpoints/last.pt" ]] || { echo "SKIP: no checkpoint (train_bf16 did not finish)"; exit 77; }
+    set -e
+    # On a GPU, --aoti compiles for CUDA (the export's own parity sweep runs the CPU formats).
+    "$PY" -m gantool export "$WORK/run/checkpoints/last.pt" -o "$WORK/export_formats" --onnx --fp16 --pt2 --aoti \
+        --no-cuda
+    "$PY" - <<'PYEOF'
+import json, math, os, sys
+import numpy as np
+from gantool.parity import compare, report_to_json
+from gantool.runtime import load_backend
+folder = os.path.join(os.environ["WORK"], "export_formats")
+rng = np.random.default_rng(0)
+image = rng.random((2, 3, 64, 96), dtype=np.float32)
+mask = np.zeros((2, 1, 64, 96), np.float32)
+mask[:, :, 16:40, 24:60] = 1
+reference = load_backend(folder, "cpu", "eager", "fp32").run(image, mask)
+checks = {  # name: backend, provider, precision, gate, optional (needs onnxruntime-gpu / TensorRT)
+    "aoti-cuda": ("aoti", "cuda", "fp32", ("max_abs", 1e-3), False),
+    "pt2-cuda": ("pt2", "cuda", "fp32", ("max_abs", 1e-3), False),
+    "eager-bf16-cuda": ("eager", "cuda", "bf16", ("psnr_hole", 35.0), False),
+    "pt2-bf16-cuda": ("pt2", "cuda", "bf16", ("psnr_hole", 35.0), False),
+    "onnx-fp16-cuda": ("onnx", "cuda", "fp16", ("psnr_hole", 40.0), True),
+    "onnx-tensorrt": ("onnx", "tensorrt", "fp32", ("max_abs", 1e-3), True),
+}
+results, failed = {}, []
+for name, (backend, provider, precision, (kind, limit), optional) in checks.items():
+    try:
+        runner = load_backend(folder, provider, backend, precision)
+        out = runner.run(image, mask)
+    except Exception as e:  # record the one-line cause; a required format failing fails the stage
+        results[name] = {"error": (str(e).splitlines() or [type(e).__name__])[0], "optional": optional}
+        if not optional:
+            failed.append(name)
+        continue
+    row = compare(out, reference, image, mask)
+    value = row["max_abs"] if kind == "max_abs" else row["psnr_hole_uint8"]
+    passed = row["known_exact"] and (value <= limit if kind == "max_abs" else value >= limit)
+    results[name] = {"provider": runner.provider, "precision": runner.precision, "gate": f"{kind} {limit:g}",
+                     **row, "passed": passed}
+    if not passed:
+        failed.append(name)
+with open(os.path.join(os.environ["WORK"], "results", "formats.json"), "w") as f:
+    json.dump(report_to_json(results), f, indent=2)
+print(json.dumps(report_to_json(results), indent=2))
+sys.exit(f"formats failing on CUDA: {', '.join(failed)}" if failed else 0)
+PYEOF
+}
+
 stage_bench_train() {
     set -e
     # shellcheck disable=SC2086
@@ -326,14 +381,18 @@ stage_bench_inpaint() {
         echo "SKIP: gantool bench inpaint is not available in this build"
         exit 77
     fi
-    local model=() backends=eager,torchscript provider=$DEVICE
+    local model=() backends=eager,eager:bf16,torchscript provider=$DEVICE
     if [[ ! -f models/generator.onnx && -d "$WORK/export" ]]; then
         model=("$WORK/export")  # no shipped model: time this check's own export
     fi
     if [[ "$DEVICE" == cpu ]]; then
         backends=eager
     elif "$PY" -c 'import onnxruntime as o, sys; sys.exit("CUDAExecutionProvider" not in o.get_available_providers())' 2>/dev/null; then
-        backends=eager,torchscript,onnx
+        backends=eager,eager:bf16,torchscript,onnx,onnx:fp16
+    fi
+    if [[ "$DEVICE" == cuda && -f "$WORK/export_formats/generator.aoti.pt2" ]]; then
+        model=("$WORK/export_formats")  # the formats stage's export: pt2 and the CUDA AOTI package too
+        backends=$backends,pt2,pt2:bf16,aoti
     fi
     # shellcheck disable=SC2086
     "$PY" -m gantool bench inpaint "${model[@]}" --providers "$provider" --backends "$backends" --json \
@@ -369,7 +428,7 @@ PYEOF
 }
 
 export -f stage_install stage_env stage_pytest_cuda stage_train_bf16 stage_export stage_ort_cuda \
-    stage_bench_train stage_bench_inpaint stage_bench_ray
+    stage_formats stage_bench_train stage_bench_inpaint stage_bench_ray
 
 # ------------------------------------------------------------------- choose a Python
 
@@ -400,6 +459,7 @@ run_stage pytest_cuda 240 stage_pytest_cuda
 run_stage train_bf16 120 stage_train_bf16
 run_stage export 120 stage_export
 run_stage ort_cuda 60 stage_ort_cuda
+run_stage formats 180 stage_formats
 run_stage bench_train 120 stage_bench_train
 run_stage bench_inpaint 150 stage_bench_inpaint
 run_stage bench_ray 150 stage_bench_ray

@@ -78,3 +78,16 @@ def subprocess_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TOOLKIT), env.get("PYTHONPATH", "")) if p)
     return env
+
+
+@pytest.fixture(scope="session")
+def modern_export(checkpoint_factory: Callable[..., Path]):
+    """One verified export of a tiny trained generator to every format of today (ONNX fp32 + int8,
+    generator.pt2, and generator.aoti.pt2 compiled for the CPU), made once per test session:
+    the AOTInductor compile alone takes about a minute on 2 cores."""
+    from gantool.export import export_generator  # delayed: the session may not need it
+
+    checkpoint = checkpoint_factory("trained", seed=11, step=5, phase="joint")
+    return export_generator(
+        checkpoint, checkpoint.parent.parent / "export", formats=["onnx", "aoti"], int8=True, aoti_device="cpu"
+    )

@@ -22,7 +22,10 @@ from gantool.benchmarks import (
     bench_end_to_end,
     bench_inpaint,
     count_generator_flops,
+    fastest_passing,
     open_inpaint_backend,
+    parse_path,
+    speed_goals,
 )
 from gantool.cli import cli
 from gantool.config import ModelConfig
@@ -31,8 +34,9 @@ from gantool.runtime import load_backend
 from inpaint_helpers import GPU_ONLY, exported_model  # noqa: F401 (fixture)
 
 ROW_KEYS = {
-    "backend", "provider", "size", "batch", "note", "median_ms_per_batch", "median_ms_per_image", "images_per_s",
-    "gflop_per_image", "achieved_gflop_per_s", "peak_rss_mb", "peak_rss_exact", "peak_cuda_mb", "runs",
+    "backend", "precision", "provider", "size", "batch", "note", "median_ms_per_batch", "median_ms_per_image",
+    "min_ms_per_batch", "max_ms_per_batch", "images_per_s", "gflop_per_image", "achieved_gflop_per_s",
+    "peak_rss_mb", "peak_rss_exact", "peak_cuda_mb", "runs", "psnr_hole_vs_fp32", "passes_gate",
 }
 
 
@@ -48,7 +52,8 @@ def test_flops_scale_with_pixels_and_batch():
 
 def test_bench_inpaint_json_schema(exported_model):
     result = bench_inpaint(exported_model.folder, sizes=[32], batches=[1, 2], providers=["cpu"], repeats=1,
-                           warmup=0, e2e_images=2, e2e_size=32, crop_check=False)
+                           warmup=0, e2e_images=2, e2e_size=32, crop_check=False,
+                           backends=["eager", "torchscript", "onnx"])
     json.dumps(result)  # serialisable as is
     assert result["benchmark"] == "inpaint"
     rows = result["rows"]
@@ -59,6 +64,9 @@ def test_bench_inpaint_json_schema(exported_model):
         assert row["median_ms_per_image"] > 0 and row["images_per_s"] > 0 and row["achieved_gflop_per_s"] > 0
         assert row["median_ms_per_image"] == pytest.approx(row["median_ms_per_batch"] / row["batch"])
         assert row["peak_rss_mb"] is not None and row["peak_rss_mb"] >= 0
+        assert row["min_ms_per_batch"] <= row["median_ms_per_batch"] <= row["max_ms_per_batch"]
+        assert row["precision"] == "fp32" and row["passes_gate"] and row["psnr_hole_vs_fp32"] > 40
+    assert rows[0]["psnr_hole_vs_fp32"] == float("inf")  # eager fp32 is the reference itself
     assert {r["provider"] for r in rows if r["backend"] == "onnx"} == {"CPUExecutionProvider"}
     # FLOPs per image do not depend on the batch.
     assert rows[0]["gflop_per_image"] == pytest.approx(rows[1]["gflop_per_image"])
@@ -75,6 +83,44 @@ def test_bench_inpaint_json_schema(exported_model):
     goal = result["goals"]["blend_vs_model_512"]
     assert goal["strategy"] == "full" and goal["met"] == (goal["blend_vs_model"] <= 0.15)
     assert e2e["blend"] == "poisson"
+
+
+def test_precision_paths_get_a_hole_psnr_and_a_gate(exported_model):
+    result = bench_inpaint(exported_model.folder, sizes=[32], batches=[1], providers=["cpu"], repeats=2, warmup=0,
+                           e2e_images=0, crop_check=False, backends=["onnx", "onnx:fp16", "eager:bf16", "pt2"])
+    rows = {(r["backend"], r["precision"]): r for r in result["rows"]}
+    fp16 = rows[("onnx", "fp16")]
+    assert fp16["passes_gate"] and fp16["psnr_hole_vs_fp32"] >= 40  # inf: the same uint8 pixels
+    assert "generator.pt2" in rows[("pt2", "fp32")]["error"]  # this folder has no pt2 export: an error row
+    bf16 = rows[("eager", "bf16")]
+    assert "error" in bf16 or (bf16["psnr_hole_vs_fp32"] >= 35 and bf16["passes_gate"])
+    best = result["fastest_passing"]["cpu 32px batch 1"]
+    passing = [r for r in result["rows"] if "error" not in r and r["passes_gate"]]
+    assert best["median_ms_per_image"] == min(r["median_ms_per_image"] for r in passing)
+    with pytest.raises(InputError, match="unknown path"):
+        parse_path("onnx:bf16")
+    assert parse_path("pt2:bf16") == ("pt2", "bf16") and parse_path("aoti") == ("aoti", "fp32")
+
+
+def test_fastest_passing_skips_rows_that_fail_their_gate():
+    def row(backend, precision, ms, passes, provider="cpu"):
+        return {"backend": backend, "precision": precision, "provider": provider, "size": 512, "batch": 1,
+                "median_ms_per_image": ms, "passes_gate": passes, "psnr_hole_vs_fp32": 40.0}
+
+    ort_cpu = "CPUExecutionProvider"
+    rows = [row("onnx", "int8", 100.0, False, ort_cpu), row("eager", "bf16", 300.0, True),
+            row("onnx", "fp32", 200.0, True, ort_cpu), row("onnx", "fp32", 50.0, True, "CUDAExecutionProvider"),
+            {"backend": "aoti", "error": "x"}]
+    best = fastest_passing(rows)
+    assert best["cpu 512px batch 1"]["path"] == "onnx" and best["cpu 512px batch 1"]["median_ms_per_image"] == 200.0
+    assert best["cuda 512px batch 1"]["provider"] == "CUDAExecutionProvider"
+    rows = [*rows, row("eager", "fp32", 400.0, True), row("onnx", "int8", 150.0, True, ort_cpu)]
+    goals = speed_goals(rows)
+    # ORT fp32 against eager fp32, even though an int8 ONNX row follows the fp32 one
+    assert goals["ort_cpu_vs_eager_512_b1"]["speedup"] == pytest.approx(400.0 / 200.0)
+    bf16 = goals["fastest_vs_torch_bf16_512_b1"]
+    assert bf16["fastest"] == "onnx:int8" and bf16["speedup"] == pytest.approx(300.0 / 150.0) and bf16["met"]
+    assert speed_goals([r for r in rows if r.get("precision") != "bf16"]).keys() == {"ort_cpu_vs_eager_512_b1"}
 
 
 def test_torchscript_is_traced_in_memory_when_the_folder_has_none(exported_model, tmp_path: Path):
@@ -124,6 +170,8 @@ def test_end_to_end_and_crop_measurements(exported_model):
 def test_bad_options_raise_input_errors(exported_model):
     with pytest.raises(InputError, match="unknown backend"):
         bench_inpaint(exported_model.folder, backends=["tensorflow"])
+    with pytest.raises(InputError, match="unknown path"):
+        bench_inpaint(exported_model.folder, backends=["aoti:int8"])
     with pytest.raises(InputError):
         bench_inpaint(exported_model.folder, sizes=[], batches=[1])
 
@@ -144,7 +192,8 @@ def test_cli_json_and_errors(exported_model, tmp_path: Path):
     assert len(data["rows"]) == 1 and set(data["rows"][0]) == ROW_KEYS
     assert "blend_rows" not in data and "blend_vs_model_512" not in data["goals"]  # --blend none: nothing to time
     result = runner.invoke(cli, args)
-    assert result.exit_code == 0 and "| onnx | CPUExecutionProvider | 32 | 1 |" in result.output
+    assert result.exit_code == 0 and "| onnx | fp32 | CPUExecutionProvider | 32 | 1 |" in result.output
+    assert "fastest path passing its gate (cpu 32px batch 1): onnx on CPUExecutionProvider" in result.output
     assert "| poisson | full | 512 | 128 | 512x512 |" in result.output
     assert "goal poisson blending <= 15% on top of the model at 512 px" in result.output
     result = runner.invoke(cli, ["bench", "inpaint", str(exported_model.folder), "--sizes", "a,b"])

@@ -65,6 +65,23 @@ def test_shipped_models_carry_no_trace_of_the_machine_that_built_them():
     assert annotated == []  # no pkg.torch.onnx.stack_trace and friends
 
 
+def test_int8_model_passes_its_gate_against_the_fp32_model():
+    int8_path = MODELS / "generator_int8.onnx"
+    if not int8_path.is_file():
+        pytest.skip("models/generator_int8.onnx is not shipped (it did not pass its gate)")
+    from gantool.parity import compare
+
+    meta, fp32_meta = read_model_metadata(int8_path), read_model_metadata(ONNX)
+    assert meta["gantool.precision"] == "int8"
+    assert meta["gantool.weights_sha256"] == fp32_meta["gantool.weights_sha256"]
+    int8, fp32 = OnnxBackend(ONNX, "cpu", precision="int8"), OnnxBackend(ONNX, "cpu")
+    assert int8.path == int8_path and fp32.path == ONNX  # int8 only when asked for
+    image = np.asarray(Image.open(EXAMPLE_IMAGE).convert("RGB"), np.float32).transpose(2, 0, 1)[None] / 255
+    mask = (np.asarray(Image.open(EXAMPLE_MASK).convert("L")) > 127).astype(np.float32)[None, None]
+    result = compare(int8.run(image, mask), fp32.run(image, mask), image, mask)
+    assert result["known_exact"] and result["psnr_hole_uint8"] >= 35.0, result
+
+
 @pytest.mark.parametrize("shape", [(1, 96, 96), (2, 64, 128)])
 def test_onnx_matches_the_safetensors_generator_and_keeps_known_pixels(shape):
     batch, height, width = shape

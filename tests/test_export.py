@@ -21,7 +21,7 @@ from conftest import REPO_ROOT, TINY_CONFIG, briefly_trained_generator, write_ch
 from gantool.checkpoint import load_checkpoint, load_generator_weights, weights_sha256
 from gantool.cli import cli
 from gantool.errors import CheckpointError, InputError, ModelError
-from gantool.artifacts import EXPORT_FORMATS, read_model_metadata
+from gantool.artifacts import DEFAULT_EXPORT_FORMATS, EXPORT_FORMATS, read_model_metadata
 from gantool.export import (
     build_metadata,
     check_options,
@@ -34,7 +34,12 @@ from gantool.parity import onnx_session
 from gantool.processing import crop_padding, image_to_array, mask_to_array, pad_to_multiple, read_image, to_batch, to_uint8
 from gantool.provenance import find_machine_traces
 
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
+# The tests load TorchScript files themselves: torch 2.13 flags torch.jit with a DeprecationWarning,
+# 2.14 with a FutureWarning.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:`torch.jit:FutureWarning"),
+]
 
 CONTRACT_KEYS = {
     "gantool.version", "gantool.model_config", "gantool.processing", "gantool.train_step", "gantool.train_phase",
@@ -303,7 +308,8 @@ def test_check_options_library():
     assert check_options(["onnx", "onnx"], None, True, 1e-4) == ("onnx",)
     with pytest.raises(InputError, match="unknown export format"):
         check_options(["tflite"], None, False, 1e-4)
-    assert set(EXPORT_FORMATS) == {"onnx", "torchscript"}
+    assert set(EXPORT_FORMATS) == {"onnx", "torchscript", "pt2", "aoti"}
+    assert set(DEFAULT_EXPORT_FORMATS) == {"onnx", "torchscript"}  # without a choice: as before
 
 
 def test_refuses_to_overwrite_without_the_flag(checkpoint_factory, tmp_path):

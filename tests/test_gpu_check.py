@@ -20,8 +20,8 @@ import pytest
 from conftest import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "examples" / "gpu_check.sh"
-STAGES = ["install", "env", "pytest_cuda", "train_bf16", "export", "ort_cuda", "bench_train", "bench_inpaint",
-          "bench_ray"]
+STAGES = ["install", "env", "pytest_cuda", "train_bf16", "export", "ort_cuda", "formats", "bench_train",
+          "bench_inpaint", "bench_ray"]
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
                                 reason="needs bash and coreutils timeout")
@@ -63,11 +63,11 @@ def test_dry_run_on_the_cpu_passes_every_stage_it_can_run(tmp_path, subprocess_e
                                 GPU_CHECK_SKIP="pytest_cuda")
     assert result.returncode == 0, result.stderr[-3000:]
     assert statuses(summary) == {"install": "skip", "env": "pass", "pytest_cuda": "skip", "train_bf16": "pass",
-                                 "export": "pass", "ort_cuda": "skip", "bench_train": "pass", "bench_inpaint": "pass",
-                                 "bench_ray": "skip"}
+                                 "export": "pass", "ort_cuda": "skip", "formats": "skip", "bench_train": "pass",
+                                 "bench_inpaint": "pass", "bench_ray": "skip"}
     assert summary["ok"] and summary["dry_run"] and summary["device"] == "cpu"
     stages = {s["name"]: s for s in summary["stages"]}
-    assert stages["ort_cuda"]["reason"] == "dry run on the CPU"
+    assert stages["ort_cuda"]["reason"] == stages["formats"]["reason"] == "dry run on the CPU"
     assert stages["bench_ray"]["reason"] == "dry run on the CPU"
     assert stages["env"]["result"]["cuda_available"] is False
     train = stages["train_bf16"]["result"]

@@ -42,8 +42,12 @@ FP32_BACKENDS = ("eager-folded", "torchscript", "onnxruntime-cpu")
 FP16_BACKENDS = ("eager-fp16", "onnxruntime-cpu-fp16")
 SHIPPED_ONNX = REPO_ROOT / "models" / "generator.onnx"
 
-# The tests load TorchScript files themselves; torch 2.13 flags torch.jit as deprecated.
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
+# The tests load TorchScript files themselves: torch 2.13 flags torch.jit with a DeprecationWarning,
+# 2.14 with a FutureWarning.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:`torch.jit:FutureWarning"),
+]
 
 
 @pytest.fixture(scope="module", params=["random", "trained"])
@@ -93,6 +97,53 @@ def test_fp16_backend_close_to_eager(exported, backend, case):
     assert output.dtype == np.float32  # fp16 inside, float32 at the boundary
     assert result["known_exact"], "the composite runs in float32 after the body: known pixels stay exact"
     assert result["psnr_uint8"] >= MIN_PSNR, result
+
+
+# ------------------------------------------ the formats of today (one export per session: conftest)
+
+MODERN_GATES = {"pt2": None, "aoti": None, "int8": 35.0, "pt2-bf16": 35.0}
+
+
+def _modern_backend(export, name: str):
+    from gantool.runtime import load_backend
+    from gantool.train import cpu_has_native_bf16
+
+    if name == "pt2-bf16" and not cpu_has_native_bf16():
+        pytest.skip("this CPU has no native bf16")
+    backend, precision = {"pt2": ("pt2", "fp32"), "aoti": ("aoti", "fp32"), "int8": ("onnx", "int8"),
+                          "pt2-bf16": ("pt2", "bf16")}[name]  # fmt: skip
+    return load_backend(export.out_dir, "cpu", backend, precision)
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("name", list(MODERN_GATES))
+def test_formats_of_today_match_eager_within_their_gates(modern_export, name, case):
+    backend = _modern_backend(modern_export, name)
+    reference = torch_backend(generator_from_checkpoint(load_checkpoint(modern_export.checkpoint)))
+    image, mask = case_inputs(case, TINY_CONFIG.local_size)
+    result = compare(backend.run(image, mask), reference(image, mask), image, mask)
+    assert "error" not in result, result
+    assert result["known_exact"], "known pixels must equal the input bitwise in every format"
+    gate = MODERN_GATES[name]
+    if gate is None:
+        assert result["max_abs"] <= ATOL, result
+    else:
+        assert result["psnr_hole_uint8"] >= gate, result
+
+
+def test_hole_psnr_gate_judges_only_the_hole(eager_reference):
+    def blurred_hole(image, mask):
+        out = eager_reference(image, mask)
+        return np.where(mask > 0.5, np.clip(out + 0.02, 0, 1), out).astype(np.float32)
+
+    cases = [ParityCase(1, 32, 32, "box")]
+    strict = BackendSpec("suspect", blurred_hole, "int8", None, 40.0)
+    report = parity_sweep(eager_reference, [strict], cases, TINY_CONFIG.local_size, ATOL, MIN_PSNR)
+    row = report["backends"]["suspect"]
+    assert row["min_psnr_hole_uint8"] < row["min_psnr_uint8"]  # whole-image PSNR flatters a small hole
+    assert not report["passed"] and "hole PSNR" in failures(report)[0]
+    lenient = BackendSpec("suspect", blurred_hole, "int8", None, 20.0)
+    assert parity_sweep(eager_reference, [lenient], cases, TINY_CONFIG.local_size, ATOL, MIN_PSNR)["passed"]
 
 
 def test_trained_generator_has_moved_batchnorm_statistics():

@@ -41,6 +41,16 @@ META_SOURCE = "gantool.source"  # the checkpoint's file name
 META_TORCH_VERSION = "gantool.torch_version"
 # TorchScript keeps metadata as an extra file inside its archive.
 TORCHSCRIPT_METADATA_ENTRY = "gantool_metadata.json"
+# torch.export (.pt2) archives and AOTInductor packages carry the same JSON entry
+# (``<archive>/extra/gantool_metadata.json``), readable without loading the model.
+PT2_METADATA_ENTRY = TORCHSCRIPT_METADATA_ENTRY
+# What an AOTInductor package was compiled for: a package only runs there.
+META_AOTI_DEVICE = "gantool.aoti_device"  # "cpu" or "cuda"
+META_AOTI_CUDA_ARCH = "gantool.aoti_cuda_arch"  # e.g. "sm_90" (CUDA packages only)
+META_COMPILE_FLAGS = "gantool.compile_flags"  # JSON of the inductor configs used
+# int8 ONNX: the nodes left in float and what calibrated the quantization.
+META_FLOAT_NODES = "gantool.float_nodes"  # JSON list of node names
+META_CALIBRATION = "gantool.calibration"
 
 # ----------------------------------------------------------------------------- the table
 
@@ -52,6 +62,7 @@ KIND_ONNX, KIND_TORCHSCRIPT, KIND_SAFETENSORS, KIND_CHECKPOINT, KIND_REPORT = (
     "checkpoint",
     "report",
 )
+KIND_PT2, KIND_AOTI = "pt2", "aoti"  # a torch.export ExportedProgram; an AOTInductor package
 
 
 @dataclass(frozen=True)
@@ -61,22 +72,27 @@ class Artifact:
     key: str  # the name used in reports and ExportResult.paths
     filename: str
     kind: str  # a KIND_* value
-    precision: str | None  # fp32 / fp16; None for non-model files
+    precision: str | None  # fp32 / fp16 / int8; None for non-model files
     backend: str | None  # the backend that opens it; None for non-model files
     options: frozenset[str] = frozenset()  # `gantool export` options that apply to this format
 
 
 ARTIFACTS: tuple[Artifact, ...] = (
-    Artifact("onnx", "generator.onnx", KIND_ONNX, "fp32", "onnx", frozenset({"opset", "fp16"})),
+    Artifact("onnx", "generator.onnx", KIND_ONNX, "fp32", "onnx", frozenset({"opset", "fp16", "int8"})),
     Artifact("onnx_fp16", "generator_fp16.onnx", KIND_ONNX, "fp16", "onnx", frozenset({"opset"})),
+    Artifact("onnx_int8", "generator_int8.onnx", KIND_ONNX, "int8", "onnx", frozenset({"opset"})),
+    Artifact("pt2", "generator.pt2", KIND_PT2, "fp32", "pt2"),
+    Artifact("aoti", "generator.aoti.pt2", KIND_AOTI, "fp32", "aoti"),
     Artifact("torchscript", "generator.torchscript.pt", KIND_TORCHSCRIPT, "fp32", "torchscript"),
     Artifact("safetensors", "generator.safetensors", KIND_SAFETENSORS, "fp32", "eager"),
     Artifact("report", "export_report.json", KIND_REPORT, None, None),
 )
 ARTIFACT = {a.key: a for a in ARTIFACTS}
-# Formats a user picks with `gantool export --onnx/--torchscript`; the others follow from options
-# (fp16 with --fp16) or are always written (the safetensors weights and the report).
-EXPORT_FORMATS = ("onnx", "torchscript")
+# Formats a user picks with `gantool export --onnx/--torchscript/--pt2/--aoti` (aoti implies pt2);
+# the others follow from options (fp16 with --fp16, int8 with --int8) or are always written (the
+# safetensors weights and the report). Without a choice, DEFAULT_EXPORT_FORMATS.
+EXPORT_FORMATS = ("onnx", "torchscript", "pt2", "aoti")
+DEFAULT_EXPORT_FORMATS = ("onnx", "torchscript")
 ALWAYS_WRITTEN = ("safetensors", "report")
 # Inside a run folder, the newest checkpoint is the eager model.
 RUN_EXPORT_DIR = "export"
@@ -130,13 +146,16 @@ def _zip_names(path: Path) -> list[str]:
 
 
 def model_kind(path: str | Path) -> str:
-    """What ``path`` is: a KIND_* value, judged by its name and, for ``.pt``, its content.
+    """What ``path`` is: a KIND_* value, judged by its name and, for ``.pt``/``.pt2``, its content.
 
     TorchScript archives carry compiled code (``*/code/`` entries); ``torch.save``
-    checkpoints do not. Raises ModelError for anything else.
+    checkpoints do not. AOTInductor packages carry ``*/data/aotinductor/`` entries;
+    torch.export archives do not. Raises ModelError for anything else.
     """
     path = Path(path)
     name = path.name.lower()
+    if name.endswith(".pt2"):
+        return KIND_AOTI if any("/aotinductor/" in n for n in _zip_names(path)) else KIND_PT2
     if name.endswith(".onnx"):
         return KIND_ONNX
     if name.endswith(".safetensors"):
@@ -148,10 +167,17 @@ def model_kind(path: str | Path) -> str:
         if any("/code/" in n or n.endswith(f"/extra/{TORCHSCRIPT_METADATA_ENTRY}") for n in names):
             return KIND_TORCHSCRIPT
         return KIND_CHECKPOINT
-    raise ModelError(f"{path}: unknown model type (expected .onnx, .pt or .safetensors)")
+    raise ModelError(f"{path}: unknown model type (expected .onnx, .pt, .pt2 or .safetensors)")
 
 
-BACKEND_OF_KIND = {KIND_ONNX: "onnx", KIND_TORCHSCRIPT: "torchscript", KIND_SAFETENSORS: "eager", KIND_CHECKPOINT: "eager"}
+BACKEND_OF_KIND = {
+    KIND_ONNX: "onnx",
+    KIND_TORCHSCRIPT: "torchscript",
+    KIND_SAFETENSORS: "eager",
+    KIND_CHECKPOINT: "eager",
+    KIND_PT2: "pt2",
+    KIND_AOTI: "aoti",
+}
 
 
 # ----------------------------------------------------------------------------- finding a model
@@ -227,7 +253,7 @@ def resolve_model(model: str | Path | None, backend: str = "auto") -> tuple[Path
 
 
 def read_model_metadata(path: str | Path) -> dict[str, str]:
-    """The gantool metadata of a .onnx, TorchScript (.pt) or .safetensors file."""
+    """The gantool metadata of a .onnx, TorchScript (.pt), .pt2 (torch.export or AOTInductor) or .safetensors file."""
     path = Path(path)
     if not path.is_file():
         raise ModelError(f"model file not found: {path}")
@@ -238,8 +264,10 @@ def read_model_metadata(path: str | Path) -> dict[str, str]:
         meta = _safetensors_metadata(path)
     elif kind == KIND_TORCHSCRIPT:
         meta = _torchscript_metadata(path)
+    elif kind in (KIND_PT2, KIND_AOTI):
+        meta = _zip_entry_metadata(path, PT2_METADATA_ENTRY, "gantool .pt2 export")
     else:
-        raise ModelError(f"{path} is not an ONNX, TorchScript or safetensors model")
+        raise ModelError(f"{path} is not an ONNX, TorchScript, .pt2 or safetensors model")
     if not any(key.startswith(META_PREFIX) for key in meta):
         raise ModelError(f"{path} carries no gantool metadata (not exported by gantool)")
     return meta
@@ -266,15 +294,20 @@ def _safetensors_metadata(path: Path) -> dict[str, str]:
 
 
 def _torchscript_metadata(path: Path) -> dict[str, str]:
-    # Read the zip entry directly: no need to load (and run the code of) the module.
+    return _zip_entry_metadata(path, TORCHSCRIPT_METADATA_ENTRY, "gantool TorchScript export")
+
+
+def _zip_entry_metadata(path: Path, entry: str, what: str) -> dict[str, str]:
+    # Read the zip entry directly: no need to load (and run the code of) the model.
     try:
         with zipfile.ZipFile(path) as archive:
-            names = [n for n in archive.namelist() if n.endswith(f"/extra/{TORCHSCRIPT_METADATA_ENTRY}")]
+            names = [n for n in archive.namelist() if n.endswith(f"/extra/{entry}")]
             if not names:
-                raise ModelError(f"{path} carries no gantool metadata (not a gantool TorchScript export)")
+                raise ModelError(f"{path} carries no gantool metadata (not a {what})")
             return {str(k): str(v) for k, v in json.loads(archive.read(names[0])).items()}
     except (zipfile.BadZipFile, json.JSONDecodeError, TypeError, ValueError, AttributeError, OSError) as e:
-        raise ModelError(f"{path} is not a readable TorchScript file ({first_line(e)})") from None
+        kind = "TorchScript" if entry == TORCHSCRIPT_METADATA_ENTRY and path.suffix != ".pt2" else ".pt2"
+        raise ModelError(f"{path} is not a readable {kind} file ({first_line(e)})") from None
 
 
 def decode_metadata(meta: dict[str, str]) -> dict[str, Any]:

@@ -6,6 +6,12 @@ GLCIC-PyTorch's phase-3 iteration on the same networks, batch and machine
 G's backward, as that implementation does). ``bench_inpaint`` times the
 inference backends (eager, TorchScript, ONNX Runtime) per provider, size and
 batch, and measures the inference goals. Never used by tests for timing.
+
+``bench_inpaint`` times *paths*: a backend, or ``backend:precision`` (``onnx:int8``,
+``eager:bf16``, ``pt2:bf16``). Each row has the hole PSNR of its output against
+eager fp32 on the same inputs and whether that passes the precision's gate
+(:data:`PRECISION_GATES`); the fastest passing path is named per provider, size
+and batch, and compared with torch bf16 + channels_last eager at 512 px, batch 1.
 """
 
 from __future__ import annotations
@@ -24,10 +30,12 @@ import torch
 import torch.nn.functional as F
 
 from gantool.config import BENCH_TRAIN_BATCH, TrainConfig
-from gantool.constants import BACKENDS, DEFAULT_BLEND
+from gantool.constants import BACKENDS, BENCH_INPAINT_PATHS, DEFAULT_BLEND, DEFAULT_INT8_MIN_PSNR, PRECISION_BACKENDS
 from gantool.errors import GantoolError, InputError, ModelError, choice_error, first_line
+from gantool.export import MIN_BF16_PSNR, MIN_FP16_PSNR
 from gantool.inference import inpaint_images
 from gantool.networks import CompletionNetwork, ContextDiscriminator, crop_local, fold_batchnorm
+from gantool.parity import psnr_hole_uint8
 from gantool.pipeline import run_inpaint
 from gantool.processing import check_blend
 from gantool.providers import cuda_device_visible
@@ -161,6 +169,31 @@ def bench_train(
 
 # Slowest first, as the table reads best.
 INPAINT_BACKENDS = BACKENDS[::-1]
+# The paths `gantool bench inpaint` times by default: each backend, and the precisions it can run.
+INPAINT_PATHS = BENCH_INPAINT_PATHS
+# Each precision's gate against eager fp32 on the same inputs: ("max_abs", limit) or ("psnr_hole", dB).
+# fp32's limit allows TF32 on GPUs and reordered sums; the others are the export gates.
+PRECISION_GATES: dict[str, tuple[str, float]] = {
+    "fp32": ("max_abs", 1e-3),
+    "fp16": ("psnr_hole", MIN_FP16_PSNR),
+    "bf16": ("psnr_hole", MIN_BF16_PSNR),
+    "int8": ("psnr_hole", DEFAULT_INT8_MIN_PSNR),
+}
+# The baseline of the speed goal: plain PyTorch at its best (bf16 autocast + channels_last).
+GOAL_BASELINE = "eager:bf16"
+GOAL_SPEEDUP = 1.2
+
+
+def parse_path(path: str) -> tuple[str, str]:
+    """``"onnx:int8"`` -> ("onnx", "int8"); ``"pt2"`` -> ("pt2", "fp32")."""
+    backend, _, precision = path.partition(":")
+    precision = precision or "fp32"
+    if backend not in INPAINT_BACKENDS:
+        raise choice_error("backend", backend, INPAINT_BACKENDS)
+    if precision not in PRECISION_GATES or (precision != "fp32" and backend not in PRECISION_BACKENDS[precision]):
+        choices = [p for p in INPAINT_PATHS if p.startswith(backend)]
+        raise choice_error("path", path, choices)
+    return backend, precision
 
 
 def _peak_rss_reset() -> bool:
@@ -229,10 +262,12 @@ class _TracedTorchScript:
         example = (torch.rand(1, 3, side, side, device=eager.device), torch.zeros(1, 1, side, side, device=eager.device))
         with torch.no_grad(), warnings.catch_warnings():
             # Local: TorchScript's deprecation notice is not the user's concern here.
-            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.13
+            warnings.simplefilter("ignore", FutureWarning)  # torch 2.14
             self.module = torch.jit.trace(folded, example, check_trace=False)
         self.device, self.provider, self.config = eager.device, eager.provider, eager.config
         self.size_multiple, self.train_size = eager.size_multiple, eager.train_size
+        self.precision = "fp32"
 
     def run(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
@@ -240,10 +275,12 @@ class _TracedTorchScript:
         return out.float().cpu().numpy()
 
 
-def open_inpaint_backend(model: str | Path | None, backend: str, provider: str) -> tuple[Any, str]:
+def open_inpaint_backend(
+    model: str | Path | None, backend: str, provider: str, precision: str = "fp32"
+) -> tuple[Any, str]:
     """(runner with ``run(image, mask)``, note) for one backend on one provider."""
     try:
-        return load_backend(model, provider, backend), ""
+        return load_backend(model, provider, backend, precision), ""
     except ModelError:
         if backend != "torchscript":
             raise
@@ -280,17 +317,47 @@ def _resolve_providers(providers: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+class _Reference:
+    """Eager fp32 outputs on the CPU, per (size, batch): what every row's hole PSNR is measured against."""
+
+    def __init__(self, model: str | Path | None) -> None:
+        self.model = model
+        self.backend: Any = None  # opened on first use
+        self.outputs: dict[tuple[int, ...], np.ndarray] = {}
+
+    def output(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        key = image.shape
+        if key not in self.outputs:
+            if self.backend is None:
+                self.backend = load_backend(self.model, "cpu", "eager", "fp32")
+            self.outputs[key] = self.backend.run(image, mask)
+        return self.outputs[key]
+
+
+def _gate(precision: str, output: np.ndarray, reference: np.ndarray, mask: np.ndarray) -> tuple[float, bool]:
+    """(hole PSNR vs fp32, whether the output passes its precision's gate)."""
+    psnr = psnr_hole_uint8(output, reference, mask)
+    kind, limit = PRECISION_GATES[precision]
+    if kind == "max_abs":
+        finite = bool(np.isfinite(output).all())
+        return psnr, finite and float(np.abs(output.astype(np.float64) - reference).max()) <= limit
+    return psnr, psnr >= limit
+
+
 def bench_backend_rows(
     model: str | Path | None, backends: Sequence[str], providers: Sequence[str], sizes: Sequence[int],
     batches: Sequence[int], repeats: int, warmup: int,
 ) -> list[dict[str, Any]]:
+    """One row per path (``backend`` or ``backend:precision``) x provider x size x batch."""
     rows: list[dict[str, Any]] = []
     flops: dict[tuple[int, int], int] = {}
-    for backend in backends:
+    reference = _Reference(model)
+    for path in backends:
+        backend, precision = parse_path(path)
         for provider in providers:
-            base = {"backend": backend, "provider": provider}
+            base = {"backend": backend, "precision": precision, "provider": provider}
             try:
-                runner, note = open_inpaint_backend(model, backend, provider)
+                runner, note = open_inpaint_backend(model, backend, provider, precision)
             except GantoolError as e:
                 rows.append({**base, "error": first_line(e)})
                 continue
@@ -311,12 +378,17 @@ def bench_backend_rows(
                     try:
                         with _PeakMemory() as memory:
                             times = _timed(lambda: runner.run(image, mask), repeats, warmup, torch.device("cpu"))
+                        psnr, passed = _gate(precision, runner.run(image, mask), reference.output(image, mask), mask)
                     except (GantoolError, MemoryError, RuntimeError) as e:
                         rows.append({**row, "error": first_line(e)})
                         continue
                     median = statistics.median(times)
                     row.update({
                         "median_ms_per_batch": median * 1e3,
+                        "min_ms_per_batch": min(times) * 1e3,
+                        "max_ms_per_batch": max(times) * 1e3,
+                        "psnr_hole_vs_fp32": psnr,
+                        "passes_gate": passed,
                         "median_ms_per_image": median * 1e3 / batch,
                         "images_per_s": batch / median,
                         "gflop_per_image": flops[key] / batch / 1e9,
@@ -469,11 +541,64 @@ def bench_blend(model: str | Path | None, provider: str, size: int = 512, hole: 
     return rows
 
 
+def _device_kind(provider: str) -> str:
+    text = provider.lower()
+    return "cuda" if "cuda" in text or "tensorrt" in text else "cpu"
+
+
+def fastest_passing(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per ``"<cpu|cuda> <size>px batch <n>"``: the fastest row that passes its gate."""
+    best: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if "error" in row or not row["passes_gate"]:
+            continue
+        key = f"{_device_kind(row['provider'])} {row['size']}px batch {row['batch']}"
+        if key not in best or row["median_ms_per_image"] < best[key]["median_ms_per_image"]:
+            best[key] = row
+    return {
+        key: {"path": path_label(row), "provider": row["provider"], "median_ms_per_image": row["median_ms_per_image"],
+              "psnr_hole_vs_fp32": row["psnr_hole_vs_fp32"]}
+        for key, row in best.items()
+    }
+
+
+def path_label(row: dict[str, Any]) -> str:
+    return row["backend"] if row.get("precision", "fp32") == "fp32" else f"{row['backend']}:{row['precision']}"
+
+
+def speed_goals(rows: Sequence[dict[str, Any]], size: int = 512, batch: int = 1) -> dict[str, dict[str, Any]]:
+    """The two speed goals at ``size`` px, ``batch``, on the CPU: ONNX Runtime fp32 vs torch eager fp32,
+    and the fastest path passing its gate vs torch bf16 + channels_last eager (each only when measured)."""
+    goals: dict[str, dict[str, Any]] = {}
+    fp32_rows = [r for r in rows if "error" not in r and r.get("precision", "fp32") == "fp32"]
+    timed = {(r["backend"], r["provider"], r["size"], r["batch"]): r for r in fp32_rows}
+    eager = timed.get(("eager", "cpu", size, batch))
+    ort_cpu = timed.get(("onnx", "CPUExecutionProvider", size, batch))
+    if eager and ort_cpu:
+        speedup = eager["median_ms_per_image"] / ort_cpu["median_ms_per_image"]
+        goals[f"ort_cpu_vs_eager_{size}_b{batch}"] = {"speedup": speedup, "goal": 1.2, "met": speedup >= 1.2}
+    baseline = next(
+        (r for r in rows if "error" not in r and path_label(r) == GOAL_BASELINE and r["provider"] == "cpu"
+         and (r["size"], r["batch"]) == (size, batch)),
+        None,
+    )  # fmt: skip
+    best = fastest_passing(rows).get(f"cpu {size}px batch {batch}")
+    if baseline and best:
+        ratio = baseline["median_ms_per_image"] / best["median_ms_per_image"]
+        goals[f"fastest_vs_torch_bf16_{size}_b{batch}"] = {
+            "fastest": best["path"], "fastest_ms": best["median_ms_per_image"],
+            "baseline": "torch bf16 autocast + channels_last eager (BN folded)",
+            "baseline_ms": baseline["median_ms_per_image"], "speedup": ratio, "goal": GOAL_SPEEDUP,
+            "met": ratio >= GOAL_SPEEDUP,
+        }  # fmt: skip
+    return goals
+
+
 def bench_inpaint(
     model: str | Path | None = None,
     sizes: Sequence[int] = (256, 512),
     batches: Sequence[int] = (1, 8),
-    backends: Sequence[str] = INPAINT_BACKENDS,
+    backends: Sequence[str] = INPAINT_PATHS,
     providers: Sequence[str] = ("auto",),
     repeats: int = 5,
     warmup: int = 1,
@@ -491,9 +616,8 @@ def bench_inpaint(
     the file loop; crop on 2048 px vs a 256 px image), and the cost of ``blend`` next to
     the model's at 512 px with a 128 px hole (goal <= 15 %). Never used for timed tests."""
     check_blend(blend)
-    unknown = [b for b in backends if b not in INPAINT_BACKENDS]
-    if unknown:
-        raise choice_error("backend", unknown[0], INPAINT_BACKENDS)
+    for path in backends:
+        parse_path(path)
     if not sizes or not batches or min(sizes) < 4 or min(batches) < 1:
         raise InputError("--sizes and --batch need positive values (sizes at least 4)")
     if repeats < 1 or warmup < 0 or e2e_images < 0:
@@ -511,13 +635,9 @@ def bench_inpaint(
                        "(Linux VmHWM, reset per measurement; else ru_maxrss growth, a lower bound)",
         "goals": {},
     }
+    result["fastest_passing"] = fastest_passing(rows)
     goals = result["goals"]
-    timed = {(r["backend"], r["provider"], r["size"], r["batch"]): r for r in rows if "error" not in r}
-    eager = timed.get(("eager", "cpu", 512, 1))
-    ort_cpu = timed.get(("onnx", "CPUExecutionProvider", 512, 1))
-    if eager and ort_cpu:
-        speedup = eager["median_ms_per_image"] / ort_cpu["median_ms_per_image"]
-        goals["ort_cpu_vs_eager_512_b1"] = {"speedup": speedup, "goal": 1.2, "met": speedup >= 1.2}
+    goals.update(speed_goals(rows))
     if e2e_images:
         e2e = bench_end_to_end(model, e2e_images, e2e_size, goal_provider, e2e_strategy, blend=blend)
         e2e.update(goal=0.15, met=e2e["outside_model_fraction"] is not None and e2e["outside_model_fraction"] <= 0.15)

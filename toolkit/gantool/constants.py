@@ -10,11 +10,22 @@ from __future__ import annotations
 
 # Where a model runs: ONNX Runtime execution providers, or the torch device.
 PROVIDERS = ("auto", "cuda", "tensorrt", "cpu")
-# How a model file is run ("auto" picks from the file; see gantool.artifacts).
-BACKENDS = ("onnx", "torchscript", "eager")
+# How a model file is run ("auto" picks from the file; see gantool.artifacts). In a folder, "auto"
+# takes the first with a file, in this order: aoti comes last because its packages are tied to the
+# device and torch version they were compiled for (an export folder always holds the eager weights,
+# so "auto" takes aoti only for a package given by path).
+BACKENDS = ("onnx", "pt2", "torchscript", "eager", "aoti")
 BACKEND_CHOICES = ("auto", *BACKENDS)
-# Numerics of the model that runs ("auto": the exported fp16 ONNX model on a GPU).
-PRECISIONS = ("auto", "fp32", "fp16")
+# Numerics of the model that runs. "auto": fp32, or the exported fp16 ONNX model on a GPU (never
+# int8 or bf16: those change numerics and are only used when asked for). fp16 and int8 are exported
+# ONNX files; bf16 runs the torch backends (eager, pt2) under bf16 autocast with channels_last.
+PRECISIONS = ("auto", "fp32", "fp16", "bf16", "int8")
+# Backends that can run each explicit non-fp32 precision.
+PRECISION_BACKENDS = {"fp16": ("onnx",), "int8": ("onnx",), "bf16": ("pt2", "eager")}
+# `gantool bench inpaint`'s default paths: a backend, or backend:precision (see gantool.benchmarks).
+BENCH_INPAINT_PATHS = ("eager", "eager:bf16", "torchscript", "pt2", "pt2:bf16", "aoti", "onnx", "onnx:int8")
+# `gantool export --int8`'s quality gate: worst hole PSNR (dB) against the fp32 model over the parity sweep.
+DEFAULT_INT8_MIN_PSNR = 35.0
 # Where the model runs on an image (see gantool.inference).
 STRATEGIES = ("auto", "full", "crop", "resize")
 # Training / evaluation hole shapes (see gantool.masks).

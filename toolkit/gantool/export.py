@@ -1,4 +1,5 @@
-"""Export a trained generator to ONNX and TorchScript, with parity proven at export.
+"""Export a trained generator to ONNX, torch.export (.pt2), AOTInductor and TorchScript (legacy),
+with parity proven at export.
 
 What is exported: the generator in eval mode with BatchNorm folded into the
 convolutions, the composite inside the graph. Inputs ``image`` (N x 3 x H x W)
@@ -25,6 +26,8 @@ import datetime
 import hashlib
 import json
 import logging
+import shutil
+import tempfile
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -41,10 +44,14 @@ from gantool.artifacts import (
     ALWAYS_WRITTEN,
     ARTIFACT,
     CHECKPOINT_TRAIN_KEYS,
+    DEFAULT_EXPORT_FORMATS,
     EXPORT_FORMATS,
     KIND_CHECKPOINT,
     KIND_ONNX,
     KIND_SAFETENSORS,
+    META_AOTI_CUDA_ARCH,
+    META_AOTI_DEVICE,
+    META_COMPILE_FLAGS,
     META_MODEL_CONFIG,
     META_PRECISION,
     META_PROCESSING,
@@ -54,6 +61,7 @@ from gantool.artifacts import (
     META_TRAIN_STEP,
     META_VERSION,
     META_WEIGHTS_SHA256,
+    PT2_METADATA_ENTRY,
     TORCHSCRIPT_METADATA_ENTRY,
     decode_metadata,
     export_files,
@@ -67,6 +75,7 @@ from gantool.checkpoint import (
     save_generator_weights,
     weights_sha256,
 )
+from gantool.constants import DEFAULT_INT8_MIN_PSNR
 from gantool.errors import CheckpointError, InputError, ModelError, first_line
 from gantool.fileio import atomic_path, atomic_write_text, ensure_writable_dir
 from gantool.networks import CompletionNetwork, fold_batchnorm
@@ -85,10 +94,14 @@ from gantool.parity import (
 )
 from gantool.processing import processing_contract
 from gantool.provenance import find_machine_traces, redact_paths, strip_onnx_debug_info, strip_torchscript_debug_info
+from gantool.quantize import calibration_batch, quantize_int8
+from gantool.runtime import strip_dtype_asserts
 
 logger = logging.getLogger(__name__)
 
 MIN_FP16_PSNR = 40.0
+# bf16 autocast keeps about 3 significant digits: gate its hole PSNR like int8's default.
+MIN_BF16_PSNR = 35.0
 INPUT_NAMES, OUTPUT_NAMES = ["image", "mask"], ["inpainted"]
 
 
@@ -96,7 +109,7 @@ INPUT_NAMES, OUTPUT_NAMES = ["image", "mask"], ["inpainted"]
 class ExportResult:
     checkpoint: Path
     out_dir: Path
-    paths: dict[str, Path]  # onnx, onnx_fp16, torchscript, safetensors, report
+    paths: dict[str, Path]  # onnx, onnx_fp16, onnx_int8, pt2, aoti, torchscript, safetensors, report
     sizes: dict[str, int]  # bytes per path key (the report excluded)
     metadata: dict[str, str]
     report: dict[str, Any] | None  # parity report; None with verify=False
@@ -177,16 +190,19 @@ def _quiet_exporter() -> Iterator[None]:
     if logger.isEnabledFor(logging.DEBUG):
         yield
         return
-    torch_onnx_logger = logging.getLogger("torch.onnx")
-    old_level = torch_onnx_logger.level
-    torch_onnx_logger.setLevel(logging.ERROR)
+    # torch.onnx's exporter chatter; cpp_extension's "No CUDA runtime is found" when AOTInductor compiles.
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch.utils.cpp_extension")]
+    old_levels = [one.level for one in loggers]
+    for one in loggers:
+        one.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings():
             for category in (UserWarning, FutureWarning, DeprecationWarning):
                 warnings.simplefilter("ignore", category)
             yield
     finally:
-        torch_onnx_logger.setLevel(old_level)
+        for one, level in zip(loggers, old_levels):
+            one.setLevel(level)
 
 
 def _example_inputs(size: int) -> tuple[Tensor, Tensor]:
@@ -276,15 +292,121 @@ def export_torchscript(
         strip_torchscript_debug_info(path, root=archive_name)
 
 
-def check_options(formats: Sequence[str], opset: int | None, fp16: bool, atol: float) -> tuple[str, ...]:
-    """Validate formats and their options against the artifact table."""
+def export_program(module: nn.Module, example: tuple[Tensor, Tensor]) -> Any:
+    """torch.export.export with dynamic N, H and W (H, W = 4 * Dim: the net downsamples by 4).
+
+    Sizes are treated "size-oblivious": otherwise a dimension that is 1 (N = 1,
+    or H = 4 giving 1 after two stride-2 stages) gets guards that reject it.
+    """
+    import torch.fx.experimental._config as fx_config  # delayed: torch.export internals
+
+    with fx_config.patch(backed_size_oblivious=True):  # type: ignore[attr-defined]  # installed by torch
+        return torch.export.export(module, example, dynamic_shapes=_dynamic_shapes())
+
+
+def strip_program_debug_info(program: Any) -> Any:
+    """Drop the per-node Python stack traces (absolute source paths) from an ExportedProgram's graph."""
+    for node in program.graph_module.graph.nodes:
+        node.meta.pop("stack_trace", None)
+    return program
+
+
+def export_pt2(
+    module: nn.Module,
+    example: tuple[Tensor, Tensor],
+    path: Path,
+    metadata: dict[str, str],
+    keep_debug_info: bool = False,
+) -> Any:
+    """torch.export.export with dynamic N, H, W (H, W = 4 * Dim), saved with the metadata as an extra file.
+
+    Unless ``keep_debug_info``, the nodes' stack traces (paths of this machine) are dropped.
+    Returns the ExportedProgram (AOTInductor compiles it).
+    """
+    try:
+        with _quiet_exporter(), torch.no_grad():
+            program = export_program(module, example)
+        if not keep_debug_info:
+            strip_program_debug_info(program)
+        with open(path, "wb") as f:  # a file object: torch.export.save wants a .pt2 name otherwise
+            torch.export.save(program, f, extra_files={PT2_METADATA_ENTRY: json.dumps(metadata)})
+    except Exception as e:  # torch.export raises many types (UserError, ConstraintViolationError, ...)
+        logger.debug("torch.export failed", exc_info=True)
+        raise ModelError(f"torch.export failed: {first_line(e)}") from None
+    return program
+
+
+def aoti_target() -> str:
+    """Where ``--aoti`` compiles for: CUDA when torch sees a GPU, else the CPU."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def cuda_arch() -> str:
+    """The current GPU's architecture (``sm_90``), or "" without CUDA."""
+    if not torch.cuda.is_available():
+        return ""
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+def aoti_metadata(metadata: dict[str, str], device: str, flags: dict[str, Any]) -> dict[str, str]:
+    """The export metadata plus what the package was compiled for (checked when it is loaded)."""
+    return {
+        **metadata,
+        META_AOTI_DEVICE: device,
+        META_AOTI_CUDA_ARCH: cuda_arch() if device == "cuda" else "",
+        META_TORCH_VERSION: torch.__version__,
+        META_COMPILE_FLAGS: json.dumps(flags, sort_keys=True),
+    }
+
+
+def export_aoti(
+    folded: nn.Module, example: tuple[Tensor, Tensor], path: Path, metadata: dict[str, str], device: str = "cpu"
+) -> dict[str, str]:
+    """Compile the folded generator ahead of time with AOTInductor for ``device``; returns its metadata.
+
+    CPU packages are compiled with freezing (weights folded into the graph as
+    constants), as PyTorch recommends for CPU inference. Needs a C++ compiler
+    (and Triton for CUDA).
+    """
+    import zipfile
+
+    import torch._inductor  # delayed: heavy import
+    import torch._inductor.config as inductor_config
+
+    flags: dict[str, Any] = {"freezing": True} if device == "cpu" else {}
+    patched = inductor_config.patch(flags)  # type: ignore[attr-defined]  # installed by torch at import
+    meta = aoti_metadata(metadata, device, flags)
+    module = copy.deepcopy(folded).to(device).eval()
+    inputs = (example[0].to(device), example[1].to(device))
+    try:
+        with _quiet_exporter(), torch.no_grad(), patched, tempfile.TemporaryDirectory() as tmp:
+            program = export_program(module, inputs)
+            package = Path(tmp) / ARTIFACT["aoti"].filename  # AOTInductor wants a .pt2 name
+            torch._inductor.aoti_compile_and_package(program, package_path=str(package), inductor_configs=flags)
+            with zipfile.ZipFile(package, "a") as archive:  # the metadata entry, under the archive's own folder
+                root = archive.namelist()[0].split("/")[0]
+                archive.writestr(f"{root}/extra/{PT2_METADATA_ENTRY}", json.dumps(meta))
+            shutil.copyfile(package, path)
+    except Exception as e:  # compiler missing, inductor errors, ...
+        logger.debug("AOTInductor compile failed", exc_info=True)
+        raise ModelError(f"AOTInductor compile for {device} failed: {first_line(e)}") from None
+    return meta
+
+
+def check_options(
+    formats: Sequence[str], opset: int | None, fp16: bool, atol: float, int8: bool = False
+) -> tuple[str, ...]:
+    """Validate formats and their options against the artifact table (aoti brings pt2 along)."""
     formats = tuple(dict.fromkeys(formats))
+    if "aoti" in formats and "pt2" not in formats:
+        formats = (*formats, "pt2")
     if not formats:
         raise InputError("no export format selected")
     unknown = [f for f in formats if f not in EXPORT_FORMATS]
     if unknown:
         raise InputError(f"unknown export format {unknown[0]!r}; choose from {', '.join(EXPORT_FORMATS)}")
-    for option, used in (("opset", opset is not None), ("fp16", fp16)):
+    for option, used in (("opset", opset is not None), ("fp16", fp16), ("int8", int8)):
         allowed = [name for name in EXPORT_FORMATS if option in ARTIFACT[name].options]
         if used and not any(f in allowed for f in formats):
             raise InputError(f"--{option} applies only to {' or '.join(allowed)} export")
@@ -304,7 +426,7 @@ def _max_opset() -> int:
 def export_generator(
     checkpoint_path: str | Path,
     out_dir: str | Path | None = None,
-    formats: Sequence[str] = EXPORT_FORMATS,
+    formats: Sequence[str] = DEFAULT_EXPORT_FORMATS,
     opset: int | None = None,
     fp16: bool = False,
     verify: bool = True,
@@ -313,22 +435,37 @@ def export_generator(
     cuda: bool | None = None,
     cases: Sequence[ParityCase] | None = None,
     keep_debug_info: bool = False,
+    int8: bool = False,
+    calib: str | Path | None = None,
+    int8_min_psnr: float = DEFAULT_INT8_MIN_PSNR,
+    aoti_device: str | None = None,
 ) -> ExportResult:
     """Export the generator of ``checkpoint_path`` and prove parity with eager PyTorch.
 
     ``cuda=None`` checks ONNX Runtime's CUDA provider too when a GPU is plausibly
     there; ``cases`` overrides the parity sweep (default :func:`default_cases`).
+    ``int8`` also writes the int8 ONNX model, calibrated on ``calib`` (a folder)
+    or the run's validation images, if it passes ``int8_min_psnr`` (else
+    QuantizationError). ``aoti_device`` ("cpu"/"cuda") defaults to :func:`aoti_target`.
     Raises ParityError (a ModelError) when a backend fails; nothing is written then.
     The files carry no absolute path or stack trace of this machine (checked with
     :func:`gantool.provenance.find_machine_traces`) unless ``keep_debug_info``.
     """
-    formats = check_options(formats, opset, fp16, atol)
+    formats = check_options(formats, opset, fp16, atol, int8)
+    if calib is not None and not int8:
+        raise InputError("--calib applies only to --int8 export")
+    if not int8_min_psnr > 0:
+        raise InputError(f"--int8-min-psnr must be positive, got {int8_min_psnr}")
+    if aoti_device not in (None, "cpu", "cuda"):
+        raise InputError(f"the AOTInductor device must be cpu or cuda, got {aoti_device!r}")
+    if aoti_device == "cuda" and not torch.cuda.is_available():
+        raise InputError("cannot compile AOTInductor for cuda: torch finds no CUDA device")
     checkpoint_path = Path(checkpoint_path)
     state = load_checkpoint(checkpoint_path)
     generator = generator_from_checkpoint(state)
     size = generator.config.size
     out_dir = ensure_writable_dir(Path(out_dir) if out_dir is not None else default_output_dir(checkpoint_path))
-    keys = [*formats, *(["onnx_fp16"] if fp16 else []), *ALWAYS_WRITTEN]
+    keys = [*formats, *(["onnx_fp16"] if fp16 else []), *(["onnx_int8"] if int8 else []), *ALWAYS_WRITTEN]
     targets = {key: out_dir / ARTIFACT[key].filename for key in keys}
     bad = non_finite_weights(state["generator"])
     if bad:
@@ -347,9 +484,11 @@ def export_generator(
         raise ModelError(f"folding BatchNorm changed the output by {fold_error:.3g} (> atol {atol:g})")
 
     seconds: dict[str, float] = {}
+    format_notes: list[str] = []
+    metadata_of: dict[str, dict[str, str]] = {}
     with contextlib.ExitStack() as stack:
         tmp = {key: stack.enter_context(atomic_path(path, overwrite)) for key, path in targets.items()}
-        for key in ("onnx", "onnx_fp16", "torchscript"):
+        for key in ("onnx", "onnx_fp16", "onnx_int8", "pt2", "aoti", "torchscript"):
             if key not in tmp:
                 continue
             logger.info("exporting %s", targets[key].name)
@@ -360,6 +499,23 @@ def export_generator(
                 half = HalfPrecisionGenerator(folded).eval()
                 fp16_metadata = {**metadata, META_PRECISION: ARTIFACT[key].precision or "fp16"}
                 export_onnx(half, example, tmp[key], fp16_metadata, opset, keep_debug_info)
+            elif key == "onnx_int8":
+                calibration = calibration_batch(state, generator.config, calib)
+                logger.info("int8 calibration: %s", calibration.source)
+                int8_result = quantize_int8(
+                    tmp["onnx"], tmp[key], metadata, calibration, generator.config, int8_min_psnr, cases
+                )
+                floats = ", ".join(int8_result.float_nodes) or "none (every convolution is int8)"
+                format_notes.append(
+                    f"int8: calibrated on {calibration.source}; worst hole PSNR against fp32 "
+                    f"{int8_result.hole_psnr:.1f} dB (gate {int8_min_psnr:g} dB); convolutions left in float: {floats}"
+                )
+            elif key == "pt2":
+                export_pt2(folded, example, tmp[key], metadata, keep_debug_info)
+            elif key == "aoti":
+                device = aoti_target() if aoti_device is None else aoti_device
+                metadata_of[key] = export_aoti(folded, example, tmp[key], metadata, device)
+                format_notes.append(f"aoti: compiled for {device} with torch {torch.__version__}; it runs only there")
             else:
                 archive_name = targets[key].name.removesuffix(".pt")
                 export_torchscript(folded, example, tmp[key], metadata, keep_debug_info, archive_name)
@@ -368,10 +524,12 @@ def export_generator(
 
         report, notes = None, []
         if verify:
-            report, notes = verify_exports(generator, folded, tmp, atol, cuda, cases)
+            built_for = metadata_of.get("aoti", {}).get(META_AOTI_DEVICE, "cpu")
+            report, notes = verify_exports(generator, folded, tmp, atol, cuda, cases, int8_min_psnr, built_for)
             if not report["passed"]:
                 problems = failures(report)
                 raise ParityError(f"parity check failed: {problems[0]}", report)
+        notes = [*format_notes, *notes]
         sizes = {key: tmp[key].stat().st_size for key in tmp if key != "report"}
         files = {key: {"file": targets[key].name, "bytes": sizes[key]} for key in sizes}
         # The report ships beside the models: no absolute paths in notes (a provider's load error, say),
@@ -460,6 +618,17 @@ def _device_backend(module: nn.Module, cuda: bool) -> Backend:
     return run
 
 
+def _bf16_backend(module: Any) -> Backend:
+    """``module`` under bf16 autocast with channels_last inputs on the CPU (as --precision bf16 runs it)."""
+
+    def run(image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            to_cl = torch.channels_last
+            return module(torch.from_numpy(image).to(memory_format=to_cl), torch.from_numpy(mask)).float().numpy()
+
+    return run
+
+
 def verify_exports(
     generator: CompletionNetwork,
     folded: nn.Module,
@@ -467,9 +636,42 @@ def verify_exports(
     atol: float,
     cuda: bool | None = None,
     cases: Sequence[ParityCase] | None = None,
+    int8_min_psnr: float = DEFAULT_INT8_MIN_PSNR,
+    aoti_device: str = "cpu",
 ) -> tuple[dict[str, Any], list[str]]:
-    """Parity sweep of the exported files (as written) against the eager generator."""
+    """Parity sweep of the exported files (as written) against the eager generator.
+
+    ``aoti_device``: what ``files["aoti"]`` was compiled for (a CUDA package is not run here).
+    """
+    from gantool.train import cpu_has_native_bf16  # delayed: the training stack
+
     backends = [BackendSpec("eager-folded", torch_backend(folded))]
+    notes: list[str] = []
+    if "pt2" in files:
+        with open(files["pt2"], "rb") as f:
+            program = torch.export.load(f)
+        backends.append(BackendSpec("pt2", torch_backend(program.module())))
+    if "aoti" in files:
+        if aoti_device == "cpu":
+            from torch._inductor import aoti_load_package  # delayed: heavy import
+
+            with open(files["aoti"], "rb") as f:  # a file object: the temp file's name does not end in .pt2
+                package = aoti_load_package(f)
+            backends.append(BackendSpec("aoti-cpu", torch_backend(package)))
+        else:
+            notes.append("aoti (compiled for cuda) checked on the GPU only by examples/gpu_check.sh")
+    if cpu_has_native_bf16():
+        bf16_cl = copy.deepcopy(folded).to(memory_format=torch.channels_last)
+        backends.append(BackendSpec("eager-bf16", _bf16_backend(bf16_cl), "bf16", None, MIN_BF16_PSNR))
+        if "pt2" in files:
+            with open(files["pt2"], "rb") as f:
+                module = strip_dtype_asserts(torch.export.load(f).module())
+            backends.append(BackendSpec("pt2-bf16", _bf16_backend(module), "bf16", None, MIN_BF16_PSNR))
+    else:
+        notes.append("bf16 not checked: this CPU has no native bf16 (AVX512-BF16/AMX)")
+    if "onnx_int8" in files:
+        session = onnx_session(files["onnx_int8"])
+        backends.append(BackendSpec("onnxruntime-cpu-int8", onnxruntime_backend(session), "int8", None, int8_min_psnr))
     if "torchscript" in files:
         with _quiet_exporter():  # torch.jit.load warns that TorchScript is deprecated
             scripted = torch.jit.load(str(files["torchscript"]))
@@ -478,7 +680,6 @@ def verify_exports(
     for name, path in onnx_files.items():
         suffix, precision = ("-fp16", "fp16") if name == "onnx_fp16" else ("", "fp32")
         backends.append(BackendSpec(f"onnxruntime-cpu{suffix}", onnxruntime_backend(onnx_session(path)), precision))
-    notes: list[str] = []
     if "onnx_fp16" in files:
         # torch's fp16 CPU convolutions are slow: on the CPU check the cases up to one training-size image.
         on_gpu = torch.cuda.is_available()
@@ -532,6 +733,7 @@ def describe_file(path: str | Path) -> dict[str, Any]:
             "file": str(path),
             "kind": kind,
             "bytes": path.stat().st_size,
+            "precision": meta.get(META_PRECISION, "fp32"),  # what runs by default (--precision bf16 aside)
             "metadata": decode_metadata(meta),
             "machine_traces": traces,
             "warnings": ([f"non-finite weights: {bad}"] if bad else []) + traces,

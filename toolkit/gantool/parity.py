@@ -3,9 +3,11 @@
 A backend is any callable ``(image, mask) -> inpainted`` on NCHW float32 numpy
 arrays. :func:`parity_sweep` runs the reference and every backend on the same
 inputs and reports, per backend and case: the max abs error on the whole image
-and inside the hole, the PSNR after uint8 quantization, and whether known
-pixels are bitwise equal to the input. fp32 backends pass within ``atol``;
-fp16 backends pass at ``min_psnr`` dB or more. Known pixels must always be exact.
+and inside the hole, the PSNR after uint8 quantization (of the whole image and
+of the hole alone), and whether known pixels are bitwise equal to the input.
+fp32 backends pass within ``atol``; fp16 backends pass at ``min_psnr`` dB or
+more; a backend with its own gate (``BackendSpec.min_psnr``: bf16, int8) passes
+at that hole PSNR or more. Known pixels must always be exact.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class BackendSpec:
     run: Backend
     precision: str = "fp32"  # "fp32": judged by atol; "fp16": judged by PSNR
     max_pixels: int | None = None  # skip cases with more N*H*W pixels (slow backends)
+    min_psnr: float | None = None  # its own gate: hole PSNR (uint8) in dB (bf16, int8)
 
 
 def default_cases(config: ModelConfig) -> list[ParityCase]:
@@ -89,6 +92,14 @@ def psnr_uint8(output: np.ndarray, reference: np.ndarray) -> float:
     return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
 
 
+def psnr_hole_uint8(output: np.ndarray, reference: np.ndarray, mask: np.ndarray) -> float:
+    """PSNR in dB between the uint8-quantized images inside the hole only; inf without a hole."""
+    hole = np.broadcast_to(mask > 0.5, output.shape)
+    if not hole.any():
+        return math.inf
+    return psnr_uint8(output[hole], reference[hole])
+
+
 def compare(output: np.ndarray, reference: np.ndarray, image: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
     """Error figures for one backend output against the reference output."""
     if output.shape != reference.shape or output.dtype != np.float32:
@@ -102,13 +113,17 @@ def compare(output: np.ndarray, reference: np.ndarray, image: np.ndarray, mask: 
         "max_abs": float(diff.max()) if finite else math.inf,
         "max_abs_hole": (float(diff[hole].max()) if hole.any() else 0.0) if finite else math.inf,
         "psnr_uint8": psnr_uint8(output, reference),
+        "psnr_hole_uint8": psnr_hole_uint8(output, reference, mask),
         "known_exact": bool(np.array_equal(known_out.view(np.uint32), known_in.view(np.uint32))),
     }
 
 
-def _case_passes(result: dict[str, Any], precision: str, atol: float, min_psnr: float) -> bool:
+def _case_passes(result: dict[str, Any], spec: BackendSpec, atol: float, min_psnr: float) -> bool:
+    precision = spec.precision
     if "error" in result or not result["known_exact"]:
         return False
+    if spec.min_psnr is not None:
+        return result["psnr_hole_uint8"] >= spec.min_psnr
     if precision == "fp32":
         return result["max_abs"] <= atol
     return result["psnr_uint8"] >= min_psnr
@@ -144,7 +159,7 @@ def parity_sweep(
                 row = {"error": f"{type(e).__name__}: {first_line(e)}"}
             seconds[spec.name] += time.perf_counter() - start
             row = {"case": case.label, **row}
-            row["passed"] = _case_passes(row, spec.precision, atol, min_psnr)
+            row["passed"] = _case_passes(row, spec, atol, min_psnr)
             results[spec.name].append(row)
 
     summary = {}
@@ -157,6 +172,8 @@ def parity_sweep(
             "max_abs": max((r["max_abs"] for r in ok_rows), default=math.inf),
             "max_abs_hole": max((r["max_abs_hole"] for r in ok_rows), default=math.inf),
             "min_psnr_uint8": min((r["psnr_uint8"] for r in ok_rows), default=0.0),
+            "min_psnr_hole_uint8": min((r["psnr_hole_uint8"] for r in ok_rows), default=0.0),
+            "gate_psnr_hole": spec.min_psnr,
             "known_exact": all(r.get("known_exact", False) for r in rows),
             "errors": sorted({r["error"] for r in rows if "error" in r}),
             "seconds": round(seconds[spec.name], 3),  # informative only, never a gate
@@ -184,6 +201,8 @@ def failures(report: dict[str, Any]) -> list[str]:
             why = first["error"]
         elif not first["known_exact"]:
             why = "known pixels changed"
+        elif backend.get("gate_psnr_hole") is not None:
+            why = f"hole PSNR {first['psnr_hole_uint8']:.1f} dB < {backend['gate_psnr_hole']:g} dB"
         elif backend["precision"] == "fp32":
             why = f"max abs error {first['max_abs']:.3g} > atol {report['atol']:g}"
         else:
@@ -194,12 +213,16 @@ def failures(report: dict[str, Any]) -> list[str]:
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
     """A small table: one row per backend with its worst figures over the sweep."""
-    lines = [f"{'backend':<24} {'cases':>5} {'max abs':>9} {'in hole':>9} {'PSNR u8':>9}  known   result"]
+    lines = [
+        f"{'backend':<24} {'cases':>5} {'max abs':>9} {'in hole':>9} {'PSNR u8':>9} {'hole PSNR':>9}  known   result"
+    ]
     for name, b in report["backends"].items():
         psnr = "inf" if math.isinf(b["min_psnr_uint8"]) else f"{b['min_psnr_uint8']:.1f}"
+        hole_value = b.get("min_psnr_hole_uint8", math.inf)
+        hole = "inf" if math.isinf(hole_value) else f"{hole_value:.1f}"
         cases = f"{len(b['cases'])}/{len(b['cases']) + b['skipped_cases']}"
         lines.append(
-            f"{name:<24} {cases:>5} {b['max_abs']:>9.2e} {b['max_abs_hole']:>9.2e} {psnr:>9}  "
+            f"{name:<24} {cases:>5} {b['max_abs']:>9.2e} {b['max_abs_hole']:>9.2e} {psnr:>9} {hole:>9}  "
             f"{'exact' if b['known_exact'] else 'CHANGED':<7} {'ok' if b['passed'] else 'FAIL'}"
         )
     return lines
@@ -219,7 +242,9 @@ def report_to_json(value: Any) -> Any:
 # ------------------------------------------------------------------------ backends
 
 
-def torch_backend(module: torch.nn.Module) -> Backend:
+def torch_backend(module: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Backend:
+    """A torch module (or an AOTInductor package: any tensor callable) as a numpy backend."""
+
     def run(image: np.ndarray, mask: np.ndarray) -> np.ndarray:
         with torch.no_grad():
             return module(torch.from_numpy(image), torch.from_numpy(mask)).numpy()

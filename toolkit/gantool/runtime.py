@@ -3,9 +3,16 @@
 A backend runs an exported (or trained) generator on NCHW float32 numpy arrays
 whose H and W are multiples of ``size_multiple``:
 
-- :class:`OnnxBackend`: ONNX Runtime (``generator.onnx``), CUDA / TensorRT / CPU;
-- :class:`TorchScriptBackend`: ``generator.torchscript.pt``;
+- :class:`OnnxBackend`: ONNX Runtime (``generator.onnx``, ``_fp16``, ``_int8``), CUDA / TensorRT / CPU;
+- :class:`Pt2Backend`: the torch.export program ``generator.pt2``;
+- :class:`AotiBackend`: the AOTInductor package ``generator.aoti.pt2`` (only on the device and
+  torch version it was compiled for);
+- :class:`TorchScriptBackend`: ``generator.torchscript.pt`` (legacy: TorchScript is deprecated upstream);
 - :class:`EagerBackend`: the PyTorch network from a checkpoint or ``generator.safetensors``.
+
+``precision="bf16"`` runs the eager and pt2 backends under bf16 autocast with
+channels_last (on CUDA, or on CPUs with native bf16); ``int8`` and ``fp16`` pick
+the exported ONNX files. ``auto`` never changes numerics beyond today's fp16 ONNX on a GPU.
 
 They are registered by name in :data:`BACKEND_CLASSES`; :func:`load_backend`
 finds the model file (:func:`gantool.artifacts.resolve_model`) and opens it.
@@ -17,7 +24,9 @@ lives in :mod:`gantool.processing` and the strategies in :mod:`gantool.inference
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import warnings
 from pathlib import Path
 from typing import Any
@@ -27,21 +36,27 @@ import numpy as np
 from gantool import __version__
 from gantool.artifacts import (
     ARTIFACT,
+    KIND_AOTI,
     KIND_SAFETENSORS,
+    META_AOTI_CUDA_ARCH,
+    META_AOTI_DEVICE,
     META_MODEL_CONFIG,
     META_PRECISION,
     META_SOURCE,
+    META_TORCH_VERSION,
     META_TRAIN_PHASE,
     META_TRAIN_STEP,
     META_VERSION,
+    PT2_METADATA_ENTRY,
     TORCHSCRIPT_METADATA_ENTRY,
     check_export_folder,
     config_from_metadata,
     model_kind,
+    read_model_metadata,
     resolve_model,
 )
 from gantool.config import ModelConfig
-from gantool.constants import BACKEND_CHOICES, PRECISIONS, PROVIDERS
+from gantool.constants import BACKEND_CHOICES, PRECISION_BACKENDS, PRECISIONS, PROVIDERS
 from gantool.errors import InputError, ModelError, choice_error, first_line
 from gantool.providers import OpenedSession, cuda_device_visible, open_session, torch_device
 
@@ -123,6 +138,8 @@ class OnnxBackend(Backend):
         path = Path(path)
         if precision not in PRECISIONS:
             raise choice_error("precision", precision, PRECISIONS)
+        if precision == "bf16":
+            raise InputError(f"precision bf16 needs the {' or '.join(PRECISION_BACKENDS['bf16'])} backend, not onnx")
         if not path.is_file():
             raise ModelError(f"model not found: {path}")
         # precision "auto" takes the fp16 file on a GPU only; if CUDA does not load after all,
@@ -149,12 +166,14 @@ class OnnxBackend(Backend):
     def _pick_file(path: Path, precision: str, gpu: bool) -> Path:
         fp32_name, fp16_name = ARTIFACT["onnx"].filename, ARTIFACT["onnx_fp16"].filename
         fp16 = path.with_name(fp16_name)
-        if precision == "fp16":
-            if path.name == fp16_name:
+        if precision in ("fp16", "int8"):
+            wanted = ARTIFACT[f"onnx_{precision}"].filename
+            if path.name == wanted:
                 return path
-            if not fp16.is_file():
-                raise ModelError(f"no fp16 model beside {path} (expected {fp16.name}; export with --fp16)")
-            return fp16
+            beside = path.with_name(wanted)
+            if not beside.is_file():
+                raise ModelError(f"no {precision} model beside {path} (expected {wanted}; export with --{precision})")
+            return beside
         if precision == "auto" and gpu and path.name == fp32_name and fp16.is_file():
             return fp16
         return path
@@ -189,21 +208,69 @@ class OnnxBackend(Backend):
         return binding.copy_outputs_to_cpu()[0].astype(np.float32, copy=False)
 
 
+def bf16_refusal(device: Any) -> str:
+    """Why bf16 cannot run on torch ``device`` ("" when it can)."""
+    from gantool.train import amp_supported  # delayed: the training stack imports torch
+
+    if amp_supported(device):
+        return ""
+    if device.type == "cuda":
+        return "this GPU does not support bf16"
+    return "this CPU has no native bf16 (AVX512-BF16, AMX or Arm BF16); bf16 would be emulated and slow"
+
+
+def strip_dtype_asserts(module: Any) -> Any:
+    """Remove torch.export's dtype assertions from an unlifted program, so it runs under autocast.
+
+    The exported graph asserts that intermediate tensors are float32; under bf16
+    autocast the convolutions return bf16 (and the generator casts back itself).
+    """
+    import torch  # delayed: heavy import
+
+    graph = module.graph
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.aten._assert_tensor_metadata.default:
+            graph.erase_node(node)
+    module.recompile()
+    return module
+
+
 class _TorchBackend(Backend):
-    def __init__(self, path: Path, module: Any, device: Any, metadata: dict[str, str], note: str) -> None:
+    bf16_capable = False  # eager and pt2 can run under bf16 autocast
+
+    def __init__(
+        self, path: Path, module: Any, device: Any, metadata: dict[str, str], note: str, precision: str = "auto"
+    ) -> None:
         super().__init__(path, metadata, str(device), note)
-        self.module = module
         self.device = device
+        self.bf16 = precision == "bf16"
+        if precision not in ("auto", "fp32", "bf16") or (self.bf16 and not self.bf16_capable):
+            backends = " or ".join(PRECISION_BACKENDS.get(precision, ("onnx",)))
+            raise InputError(f"precision {precision} needs the {backends} backend, not {self.name}")
+        if self.bf16:
+            import torch  # delayed: heavy import
+
+            why = bf16_refusal(device)
+            if why:
+                raise InputError(f"precision bf16 refused on {device}: {why}")
+            module = module.to(memory_format=torch.channels_last)
+        self.module = module
+
+    @property
+    def precision(self) -> str:
+        return "bf16" if self.bf16 else self.metadata.get(META_PRECISION, "fp32")
 
     def _run(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
         import torch  # delayed: heavy import
 
-        with torch.inference_mode():
-            out = self.module(
-                torch.from_numpy(image).to(self.device),
-                torch.from_numpy(mask).to(self.device),
-            )
-        return out.float().cpu().numpy()
+        image_t, mask_t = torch.from_numpy(image).to(self.device), torch.from_numpy(mask).to(self.device)
+        autocast: contextlib.AbstractContextManager = contextlib.nullcontext()
+        if self.bf16:
+            image_t = image_t.contiguous(memory_format=torch.channels_last)
+            autocast = torch.autocast(self.device.type, dtype=torch.bfloat16)
+        with torch.inference_mode(), autocast:
+            out = self.module(image_t, mask_t)
+        return out.float().contiguous().cpu().numpy()
 
 
 class TorchScriptBackend(_TorchBackend):
@@ -218,6 +285,8 @@ class TorchScriptBackend(_TorchBackend):
         if not path.is_file():
             raise ModelError(f"model not found: {path}")
         device, note = torch_device(provider)
+        if precision not in ("auto", "fp32"):
+            raise InputError(f"precision {precision} needs the {' or '.join(PRECISION_BACKENDS[precision])} backend")
         extra = {TORCHSCRIPT_METADATA_ENTRY: ""}
         try:
             with warnings.catch_warnings():  # local: TorchScript's deprecation notice is not the user's concern
@@ -239,6 +308,7 @@ class EagerBackend(_TorchBackend):
     """The PyTorch generator from a training checkpoint (.pt) or ``generator.safetensors``."""
 
     name = "eager"
+    bf16_capable = True
 
     def __init__(self, path: str | Path, provider: str = "auto", precision: str = "auto") -> None:
         # delayed: checkpoint imports torch
@@ -259,12 +329,104 @@ class EagerBackend(_TorchBackend):
                 META_SOURCE: path.name,
             }
         metadata.setdefault(META_PRECISION, "fp32")
-        super().__init__(path, generator.to(device).eval(), device, metadata, note)
+        if precision == "bf16":  # numerics change anyway: run the BN-folded network, as the exports do
+            from gantool.networks import fold_batchnorm  # delayed: imports torch
+
+            module: Any = fold_batchnorm(generator)
+        else:
+            module = generator
+        super().__init__(path, module.to(device).eval(), device, metadata, note, precision)
+
+
+class Pt2Backend(_TorchBackend):
+    """A torch.export program (``generator.pt2``); metadata from its extra file."""
+
+    name = "pt2"
+    bf16_capable = True
+
+    def __init__(self, path: str | Path, provider: str = "auto", precision: str = "auto") -> None:
+        import torch  # delayed: heavy import
+
+        path = Path(path)
+        if not path.is_file():
+            raise ModelError(f"model not found: {path}")
+        device, note = torch_device(provider)
+        extra = {PT2_METADATA_ENTRY: ""}
+        try:
+            with open(path, "rb") as f:
+                program = torch.export.load(f, extra_files=extra)
+            metadata = {str(k): str(v) for k, v in json.loads(extra[PT2_METADATA_ENTRY] or "{}").items()}
+        except Exception as e:  # corrupt archives raise RuntimeError, KeyError, JSON errors, ...
+            raise ModelError(f"{path} is not a readable torch.export (.pt2) model ({first_line(e)})") from None
+        module = program.module().to(device)
+        if precision == "bf16":
+            module = strip_dtype_asserts(module)
+        super().__init__(path, module, device, metadata, note, precision)
+
+
+class AotiBackend(_TorchBackend):
+    """An AOTInductor package (``generator.aoti.pt2``), refused unless this machine is
+    the device and torch version it was compiled for."""
+
+    name = "aoti"
+
+    def __init__(self, path: str | Path, provider: str = "auto", precision: str = "auto") -> None:
+        import torch  # delayed: heavy import
+
+        path = Path(path)
+        if not path.is_file():
+            raise ModelError(f"model not found: {path}")
+        if model_kind(path) != KIND_AOTI:
+            raise ModelError(f"{path} is not an AOTInductor package")
+        metadata = read_model_metadata(path)
+        built_for = metadata.get(META_AOTI_DEVICE, "")
+        if provider == "auto" and built_for == "cpu":
+            device, note = torch.device("cpu"), "the package was compiled for the CPU"
+        else:
+            device, note = torch_device(provider)
+        check_aoti_package(path, metadata, device)
+        # torch.utils.cpp_extension logs "No CUDA runtime is found" on CPU-only machines: not the user's concern.
+        cpp_logger = logging.getLogger("torch.utils.cpp_extension")
+        level = cpp_logger.level
+        cpp_logger.setLevel(logging.ERROR)
+        try:
+            from torch._inductor import aoti_load_package  # delayed: heavy import
+
+            with open(path, "rb") as f:  # a file object: any file name loads (the loader wants *.pt2 otherwise)
+                module = aoti_load_package(f)
+        except Exception as e:  # a package that passed the checks but still does not load
+            raise ModelError(f"{path}: AOTInductor package does not load ({first_line(e)})") from None
+        finally:
+            cpp_logger.setLevel(level)
+        super().__init__(path, module, device, metadata, note, precision)
+
+
+def check_aoti_package(path: Path, metadata: dict[str, str], device: Any) -> None:
+    """Refuse a package compiled for another device, GPU architecture or torch version (one line each)."""
+    import torch  # delayed: heavy import
+
+    built_for = metadata.get(META_AOTI_DEVICE, "")
+    again = "re-export it with `gantool export --aoti` on this machine"
+    if built_for != device.type:
+        raise ModelError(f"{path.name} was compiled for {built_for or 'an unknown device'}, not {device.type}: {again}")
+    built_with = metadata.get(META_TORCH_VERSION, "")
+    if built_with != torch.__version__:
+        raise ModelError(
+            f"{path.name} was compiled with torch {built_with}, this is torch {torch.__version__}: {again}"
+        )
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        arch = f"sm_{major}{minor}"
+        if metadata.get(META_AOTI_CUDA_ARCH, "") != arch:
+            built_arch = metadata.get(META_AOTI_CUDA_ARCH) or "an unknown GPU"
+            raise ModelError(f"{path.name} was compiled for {built_arch}, this GPU is {arch}: {again}")
 
 
 # The backends by name (gantool.constants.BACKENDS lists the same names, in "auto" order).
 BACKEND_CLASSES: dict[str, type[Backend]] = {
     "onnx": OnnxBackend,
+    "pt2": Pt2Backend,
+    "aoti": AotiBackend,
     "torchscript": TorchScriptBackend,
     "eager": EagerBackend,
 }
@@ -280,7 +442,21 @@ def load_backend(
         raise choice_error("backend", backend, BACKEND_CHOICES)
     if precision not in PRECISIONS:
         raise choice_error("precision", precision, PRECISIONS)
-    path, name = resolve_model(model, backend)
-    if precision == "fp16" and name != "onnx":
-        raise InputError(f"precision fp16 needs the onnx backend (an exported {ARTIFACT['onnx_fp16'].filename})")
+    allowed = PRECISION_BACKENDS.get(precision)
+    if allowed and backend == "auto" and (model is None or Path(model).is_dir()):
+        # A folder: the first backend (in auto order) that runs this precision and has a file.
+        for candidate in allowed:
+            try:
+                path, name = resolve_model(model, candidate)
+                break
+            except ModelError:
+                continue
+        else:
+            path, name = resolve_model(model, allowed[0])  # raises: names the missing file
+    else:
+        path, name = resolve_model(model, backend)
+    if allowed and name not in allowed:
+        files = {p: f"an exported {ARTIFACT[f'onnx_{p}'].filename}" for p in ("fp16", "int8")}
+        what = files.get(precision, "torch autocast")
+        raise InputError(f"precision {precision} needs the {' or '.join(allowed)} backend ({what}), not {name}")
     return BACKEND_CLASSES[name](path, provider, precision)

@@ -9,7 +9,7 @@ import click
 from gantool.config import BENCH_TRAIN_BATCH, TrainConfig
 from gantool.constants import (
     BACKEND_CHOICES,
-    BACKENDS,
+    BENCH_INPAINT_PATHS,
     BLEND_MODES,
     DEFAULT_BACKEND,
     DEFAULT_BLEND,
@@ -83,8 +83,9 @@ def _name_list(ctx: click.Context, param: click.Parameter, value: str) -> list[s
 @click.argument("model", required=False, metavar="[MODEL]")
 @click.option("--sizes", default="256,512", show_default=True, callback=_int_list, help="Square image sizes.")
 @click.option("--batch", "batches", default="1,8", show_default=True, callback=_int_list, help="Batch sizes.")
-@click.option("--backends", default=",".join(BACKENDS[::-1]), show_default=True, callback=_name_list,
-              help="Backends to time (torchscript is traced in memory when the model folder has none).")
+@click.option("--backends", default=",".join(BENCH_INPAINT_PATHS), show_default=True, callback=_name_list,
+              help="Paths to time: a backend, or backend:precision (eager:bf16, pt2:bf16, onnx:int8, onnx:fp16). "
+              "torchscript is traced in memory when the model folder has none.")
 @click.option("--providers", default="auto", show_default=True, callback=_name_list,
               help="cpu, cuda, tensorrt; auto = cpu, plus cuda when a GPU is visible.")
 @click.option("--repeats", default=5, show_default=True, help="Timed runs per row (after --warmup).")
@@ -125,21 +126,29 @@ def bench_inpaint(
                f"{result['cpu_count']} CPUs")
     lines = []
     for row in result["rows"]:
-        head = [row["backend"], row["provider"], str(row.get("size", "")), str(row.get("batch", ""))]
+        head = [row["backend"], row.get("precision", "fp32"), row["provider"], str(row.get("size", "")),
+                str(row.get("batch", ""))]
         if "error" in row:
-            lines.append([*head, f"error: {row['error']}", "", "", "", ""])
+            lines.append([*head, f"error: {row['error']}", "", "", "", "", "", ""])
             continue
         peak = "" if row["peak_rss_mb"] is None else f"{row['peak_rss_mb']:.0f}"
         if row.get("peak_cuda_mb") is not None:
             peak += f" (CUDA {row['peak_cuda_mb']:.0f})"
-        lines.append([*head, f"{row['median_ms_per_image']:.1f}", f"{row['images_per_s']:.2f}",
-                      f"{row['gflop_per_image']:.2f}", f"{row['achieved_gflop_per_s']:.1f}", peak])
-    echo_table(["backend", "provider", "size", "batch", "median ms/image", "images/s", "GFLOP/image", "GFLOP/s",
-                "peak MB"], lines)
+        psnr = "inf" if row["psnr_hole_vs_fp32"] == float("inf") else f"{row['psnr_hole_vs_fp32']:.1f}"
+        spread = f"{row['min_ms_per_batch'] / row['batch']:.1f}-{row['max_ms_per_batch'] / row['batch']:.1f}"
+        lines.append([*head, f"{row['median_ms_per_image']:.1f}", spread, f"{row['images_per_s']:.2f}",
+                      f"{row['gflop_per_image']:.2f}", f"{row['achieved_gflop_per_s']:.1f}", peak,
+                      f"{psnr} ({'ok' if row['passes_gate'] else 'FAILS gate'})"])
+    echo_table(["backend", "precision", "provider", "size", "batch", "median ms/image", "min-max ms/image",
+                "images/s", "GFLOP/image", "GFLOP/s", "peak MB", "hole PSNR vs fp32 (dB)"], lines)
     notes = sorted({row["note"] for row in result["rows"] if row.get("note")})
     for note in notes:
         click.echo(f"note: {note}")
     click.echo(f"peak MB: {result['peak_memory']}")
+    click.echo("gates: fp32 max abs <= 1e-3 against eager fp32; fp16 >= 40 dB, bf16 and int8 >= 35 dB hole PSNR")
+    for key, best in result.get("fastest_passing", {}).items():
+        click.echo(f"fastest path passing its gate ({key}): {best['path']} on {best['provider']}, "
+                   f"{best['median_ms_per_image']:.1f} ms/image")
     if result.get("blend_rows"):
         echo_table(["post-processing", "strategy", "size", "hole", "model windows", "model ms", "blend ms",
                     "blend / model"],
@@ -147,6 +156,11 @@ def bench_inpaint(
                      ", ".join(f"{h}x{w}" for h, w in row["windows"]), f"{row['model_ms']:.1f}",
                      f"{row['blend_ms']:.1f}", f"{row['blend_vs_model']:.1%}"] for row in result["blend_rows"]])
     goals = result["goals"]
+    if "fastest_vs_torch_bf16_512_b1" in goals:
+        g = goals["fastest_vs_torch_bf16_512_b1"]
+        click.echo(f"goal fastest passing path >= {g['goal']}x {g['baseline']} at 512 px, batch 1, CPU: "
+                   f"{g['fastest']} {g['fastest_ms']:.0f} ms vs {g['baseline_ms']:.0f} ms = {g['speedup']:.2f}x -> "
+                   f"{'met' if g['met'] else 'NOT met'}")
     if "ort_cpu_vs_eager_512_b1" in goals:
         g = goals["ort_cpu_vs_eager_512_b1"]
         click.echo(f"goal ORT CPU >= 1.2x eager at 512 px, batch 1: {g['speedup']:.2f}x -> "

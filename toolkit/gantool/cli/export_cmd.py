@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from gantool.artifacts import ARTIFACT, EXPORT_FORMATS
+from gantool.artifacts import ARTIFACT, DEFAULT_EXPORT_FORMATS
+from gantool.constants import DEFAULT_INT8_MIN_PSNR
 
 
 def _size(num_bytes: int) -> str:
@@ -15,8 +16,21 @@ def _size(num_bytes: int) -> str:
 
 @click.command("export")
 @click.argument("checkpoint", required=False, type=click.Path(path_type=Path))
-@click.option("--onnx", "want_onnx", is_flag=True, help=f"Write {ARTIFACT['onnx'].filename} (default: all formats).")
-@click.option("--torchscript", "want_torchscript", is_flag=True, help=f"Write {ARTIFACT['torchscript'].filename}.")
+@click.option(
+    "--onnx", "want_onnx", is_flag=True,
+    help=f"Write {ARTIFACT['onnx'].filename} [default without a format option: --onnx --torchscript].",
+)  # fmt: skip
+@click.option("--pt2", "want_pt2", is_flag=True, help=f"Write {ARTIFACT['pt2'].filename} (torch.export).")
+@click.option(
+    "--aoti", "want_aoti", is_flag=True,
+    help=f"Also compile {ARTIFACT['aoti'].filename} with AOTInductor for this machine (CUDA if torch sees a GPU, "
+    "else the CPU); implies --pt2. Needs a C++ compiler; takes about a minute.",
+)  # fmt: skip
+@click.option(
+    "--torchscript", "want_torchscript", is_flag=True,
+    help=f"Write {ARTIFACT['torchscript'].filename} (legacy: TorchScript is deprecated upstream; "
+    "--pt2 is its successor).",
+)  # fmt: skip
 @click.option(
     "-o", "--out-dir", type=click.Path(path_type=Path, file_okay=False),
     help="Output folder [default: <run>/export beside the checkpoints folder].",
@@ -25,6 +39,19 @@ def _size(num_bytes: int) -> str:
 @click.option(
     "--fp16", is_flag=True, help=f"Also write {ARTIFACT['onnx_fp16'].filename} (fp16 body, float32 I/O, for GPUs)."
 )
+@click.option(
+    "--int8", is_flag=True,
+    help=f"Also write {ARTIFACT['onnx_int8'].filename} (ONNX Runtime static QDQ quantization, per-channel), "
+    "if it passes --int8-min-psnr.",
+)  # fmt: skip
+@click.option(
+    "--calib", type=click.Path(path_type=Path, file_okay=False), default=None,
+    help="Images to calibrate --int8 on [default: the run's validation images, else synthetic ones].",
+)  # fmt: skip
+@click.option(
+    "--int8-min-psnr", type=float, default=DEFAULT_INT8_MIN_PSNR, show_default=True,
+    help="Quality gate: worst hole PSNR (dB) of the int8 model against fp32 over the parity sweep.",
+)  # fmt: skip
 @click.option("--no-verify", is_flag=True, help="Skip the parity check against eager PyTorch.")
 @click.option("--atol", type=float, default=1e-4, show_default=True, help="Max abs error allowed for fp32 backends.")
 @click.option("--overwrite", is_flag=True, help="Replace existing files in the output folder.")
@@ -39,21 +66,27 @@ def _size(num_bytes: int) -> str:
 def export(
     checkpoint: Path | None,
     want_onnx: bool,
+    want_pt2: bool,
+    want_aoti: bool,
     want_torchscript: bool,
     out_dir: Path | None,
     opset: int | None,
     fp16: bool,
+    int8: bool,
+    calib: Path | None,
+    int8_min_psnr: float,
     no_verify: bool,
     atol: float,
     overwrite: bool,
     cuda: bool | None,
     keep_debug_info: bool,
 ) -> None:
-    """Export CHECKPOINT's generator to ONNX and TorchScript and prove parity.
+    """Export CHECKPOINT's generator (ONNX, torch.export, AOTInductor, TorchScript) and prove parity.
 
     CHECKPOINT defaults to the newest runs/*/checkpoints/last.pt. The parity
-    sweep compares eager PyTorch, TorchScript and ONNX Runtime over batch sizes,
-    image sizes and mask kinds; a failed check writes nothing and exits 1.
+    sweep compares eager PyTorch with every format written over batch sizes,
+    image sizes and mask kinds (fp32 within --atol; fp16, bf16 and int8 by
+    PSNR); a failed check writes nothing and exits 1.
     The files carry no absolute path or stack trace of this machine unless
     --keep-debug-info is given.
     """
@@ -63,11 +96,13 @@ def export(
     if checkpoint is None:
         checkpoint = find_latest_checkpoint("runs")
         click.echo(f"Using the newest checkpoint: {checkpoint}")
-    chosen = [name for name, wanted in (("onnx", want_onnx), ("torchscript", want_torchscript)) if wanted]
+    wanted = (("onnx", want_onnx), ("torchscript", want_torchscript), ("pt2", want_pt2), ("aoti", want_aoti))
+    chosen = [name for name, flag in wanted if flag]
     try:
         result = export_generator(
-            checkpoint, out_dir, formats=chosen or EXPORT_FORMATS, opset=opset, fp16=fp16,
-            verify=not no_verify, atol=atol, overwrite=overwrite, cuda=cuda,
+            checkpoint, out_dir, formats=chosen or DEFAULT_EXPORT_FORMATS, opset=opset, fp16=fp16,
+            verify=not no_verify, atol=atol, overwrite=overwrite, cuda=cuda, int8=int8, calib=calib,
+            int8_min_psnr=int8_min_psnr,
             keep_debug_info=keep_debug_info,
         )  # fmt: skip
     except ParityError as e:

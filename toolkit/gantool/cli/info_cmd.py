@@ -12,7 +12,6 @@ import click
 from gantool.errors import GantoolError, ModelError
 from gantool.provenance import find_machine_traces
 
-
 def _value(value: Any) -> str:
     return json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value)
 
@@ -29,7 +28,7 @@ def _warn_traces(file: Path, traces: list[str]) -> None:
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def info(file: Path, as_json: bool) -> None:
-    """Show FILE's metadata (.onnx, .torchscript.pt, .safetensors) or a checkpoint's summary.
+    """Show FILE's metadata (.onnx, .pt2, .aoti.pt2, .torchscript.pt, .safetensors) or a checkpoint's summary.
 
     Warns when a model carries absolute paths or stack traces of the machine that
     exported it (from any exporter; the JSON lists them under "warnings").
@@ -52,10 +51,15 @@ def info(file: Path, as_json: bool) -> None:
         if warning not in traces:
             click.echo(f"warning: {warning}", err=True)
     if description["kind"] != "checkpoint":
+        click.echo(
+            f"{description['file']}: {description['kind']}, {description['bytes']} bytes, "
+            f"runs in {description['precision']}"
+        )
         for key, value in description["metadata"].items():
             click.echo(f"  {key}: {_value(value)}")
         _warn_traces(file, traces)
         return
+    click.echo(f"{description['file']}: {description['kind']}, {description['bytes']} bytes")
     for key in ("gantool_version", "step", "phase", "weights_sha256", "model_config", "train_config"):
         click.echo(f"  {key}: {_value(description[key])}")
     metrics = description["metrics"]

@@ -31,7 +31,8 @@ def _parse_boxes(
 @click.option("--box", "boxes", multiple=True, metavar="X,Y,W,H", callback=_parse_boxes,
               help="A rectangular hole in pixels; repeat for several. Combined with --mask if both are given.")
 @click.option("--model", metavar="PATH",
-              help="Export folder or model file (.onnx, .torchscript.pt, .pt checkpoint, .safetensors). "
+              help="Export folder or model file (.onnx, .pt2, .aoti.pt2, .torchscript.pt, .pt checkpoint, "
+              ".safetensors). "
               "Default: the model in models/.")
 @click.option("-o", "--output", metavar="FILE|DIR",
               help="Output folder (default: beside each input), or a .png file for a single image.")
@@ -109,8 +110,8 @@ def inpaint(
 
         def on_start(runner: Backend, jobs: Sequence[ImageJob]) -> None:
             click.echo(
-                f"provider: {runner.provider} ({runner.provider_note}); backend: {runner.name} ({runner.precision}); "
-                f"blend: {blend}; model: {runner.path}"
+                f"provider: {runner.provider} ({runner.provider_note}); backend: {runner.name}; "
+                f"precision: {runner.precision}; blend: {blend}; model: {runner.path}"
             )
             bar.reset(total=len(jobs))
 

@@ -54,14 +54,16 @@ backend_option = click.option(
     type=click.Choice(BACKEND_CHOICES),
     default=DEFAULT_BACKEND,
     show_default=True,
-    help="auto: from the model file (onnx for an export folder).",
+    help="auto: from the model file (onnx for an export folder). pt2: generator.pt2 (torch.export); "
+    "aoti: generator.aoti.pt2 (AOTInductor, this device only); torchscript: legacy.",
 )
 precision_option = click.option(
     "--precision",
     type=click.Choice(PRECISIONS),
     default=DEFAULT_PRECISION,
     show_default=True,
-    help="auto: the exported fp16 ONNX model on the GPU when there is one.",
+    help="auto: fp32, or the exported fp16 ONNX model on a GPU. bf16: eager/pt2 under bf16 autocast "
+    "(CUDA, or a CPU with native bf16). int8: the exported int8 ONNX model (export --int8).",
 )
 strategy_option = click.option(
     "--strategy", type=click.Choice(STRATEGIES), default=DEFAULT_STRATEGY, show_default=True, help=STRATEGY_HELP
