@@ -138,9 +138,10 @@ def test_int8_calibrates_on_a_calib_folder(tmp_path):
     checkpoint = write_checkpoint(tmp_path / "ck.pt", briefly_trained_generator(TINY_CONFIG, seed=8, steps=1))
     result = invoke("export", checkpoint, "--onnx", "--int8", "--calib", calib, "-o", tmp_path / "out", "--no-verify")
     assert result.exit_code == 0, result.output
-    assert f"3 images from {calib}" in result.output
+    # The calibration folder is named by its last part: a shipped file carries no path of this machine.
+    assert "3 images from <path>/calib" in result.output and str(calib) not in result.output
     meta = read_model_metadata(tmp_path / "out" / "generator_int8.onnx")
-    assert meta["gantool.calibration"].startswith(f"3 images from {calib}")
+    assert meta["gantool.calibration"].startswith("3 images from <path>/calib")
 
 
 # ------------------------------------------------------------------------ the backends
@@ -240,7 +241,7 @@ def test_inpaint_startup_line_says_the_precision(modern_export, tmp_path):
     result = invoke("inpaint", tmp_path / "a.png", "--box", "4,4,8,8", "--model", modern_export.out_dir,
                     "--precision", "int8", "--provider", "cpu")  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert "backend: onnx; precision: int8; model:" in result.output
+    assert "backend: onnx; precision: int8; blend: poisson; model:" in result.output
     result = invoke("inpaint", tmp_path / "a.png", "--box", "4,4,8,8", "--model", modern_export.out_dir,
                     "--backend", "aoti", "--provider", "cpu", "--overwrite")  # fmt: skip
     assert result.exit_code == 0 and "backend: aoti; precision: fp32" in result.output, result.output

@@ -381,4 +381,4 @@ def test_backend_registry_matches_the_enumeration() -> None:
     from gantool.runtime import BACKEND_CLASSES
 
     assert tuple(BACKEND_CLASSES) == BACKENDS
-    assert all(cls.name == name for name, cls in BACKEND_CLASSES.items())
+    assert all(cls.name == name for name, cls in BACKEND_CLASSES.items())  # type: ignore[attr-defined]

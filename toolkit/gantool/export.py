@@ -26,7 +26,7 @@ import datetime
 import hashlib
 import json
 import logging
-import shutil
+import os
 import tempfile
 import time
 import warnings
@@ -360,14 +360,24 @@ def aoti_metadata(metadata: dict[str, str], device: str, flags: dict[str, Any]) 
     }
 
 
+# Generated C++ sources inside an AOTInductor package: for debugging only; they name the compile folder.
+AOTI_SOURCE_SUFFIXES = (".cpp", ".h")
+
+
 def export_aoti(
-    folded: nn.Module, example: tuple[Tensor, Tensor], path: Path, metadata: dict[str, str], device: str = "cpu"
+    folded: nn.Module,
+    example: tuple[Tensor, Tensor],
+    path: Path,
+    metadata: dict[str, str],
+    device: str = "cpu",
+    keep_debug_info: bool = False,
 ) -> dict[str, str]:
     """Compile the folded generator ahead of time with AOTInductor for ``device``; returns its metadata.
 
     CPU packages are compiled with freezing (weights folded into the graph as
     constants), as PyTorch recommends for CPU inference. Needs a C++ compiler
-    (and Triton for CUDA).
+    (and Triton for CUDA). Unless ``keep_debug_info``, the package's generated C++
+    sources (which name the compile folder) are left out: it runs from its compiled library.
     """
     import zipfile
 
@@ -379,19 +389,59 @@ def export_aoti(
     meta = aoti_metadata(metadata, device, flags)
     module = copy.deepcopy(folded).to(device).eval()
     inputs = (example[0].to(device), example[1].to(device))
+    stack = contextlib.ExitStack()
     try:
         with _quiet_exporter(), torch.no_grad(), patched, tempfile.TemporaryDirectory() as tmp:
+            cache = str(Path(tmp).resolve() / "cache")
+            # The compiler records these in the library: the compile folder and torch's headers.
+            torch_dir = Path(torch.__file__).parent
+            build_folders = {cache: "./aoti-build", str(torch_dir): "./torch", str(torch_dir.resolve()): "./torch"}
+            if not keep_debug_info:
+                stack.enter_context(_inductor_cache_in(Path(cache)))
             program = export_program(module, inputs)
+            if not keep_debug_info:
+                strip_program_debug_info(program)
             package = Path(tmp) / ARTIFACT["aoti"].filename  # AOTInductor wants a .pt2 name
             torch._inductor.aoti_compile_and_package(program, package_path=str(package), inductor_configs=flags)
-            with zipfile.ZipFile(package, "a") as archive:  # the metadata entry, under the archive's own folder
-                root = archive.namelist()[0].split("/")[0]
-                archive.writestr(f"{root}/extra/{PT2_METADATA_ENTRY}", json.dumps(meta))
-            shutil.copyfile(package, path)
+            with zipfile.ZipFile(package) as source, zipfile.ZipFile(path, "w") as archive:
+                root = source.namelist()[0].split("/")[0]
+                for entry in source.infolist():
+                    if keep_debug_info:
+                        archive.writestr(entry, source.read(entry.filename))
+                    elif not entry.filename.endswith(AOTI_SOURCE_SUFFIXES):
+                        archive.writestr(entry, _unnamed_folders(source.read(entry.filename), build_folders))
+                archive.writestr(f"{root}/extra/{PT2_METADATA_ENTRY}", json.dumps(meta))  # under its own folder
     except Exception as e:  # compiler missing, inductor errors, ...
         logger.debug("AOTInductor compile failed", exc_info=True)
         raise ModelError(f"AOTInductor compile for {device} failed: {first_line(e)}") from None
+    finally:
+        stack.close()
     return meta
+
+
+def _unnamed_folders(data: bytes, folders: dict[str, str]) -> bytes:
+    """``data`` with each absolute folder path replaced by a relative placeholder of the same
+    length (a compiled library records them in its strings; a same-length edit keeps its layout)."""
+    for folder, placeholder in sorted(folders.items(), key=lambda kv: -len(kv[0])):
+        old = folder.encode()
+        if len(old) >= len(placeholder):
+            data = data.replace(old, (placeholder + "_" * len(old))[: len(old)].encode())
+    return data
+
+
+@contextlib.contextmanager
+def _inductor_cache_in(folder: Path) -> Iterator[None]:
+    """Compile in a fresh folder: the compiled library embeds its compile folder's path, and
+    torch's default (``/tmp/torchinductor_<user>``) names the user. The variable is restored after."""
+    saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
 
 
 def check_options(
@@ -514,7 +564,7 @@ def export_generator(
                 export_pt2(folded, example, tmp[key], metadata, keep_debug_info)
             elif key == "aoti":
                 device = aoti_target() if aoti_device is None else aoti_device
-                metadata_of[key] = export_aoti(folded, example, tmp[key], metadata, device)
+                metadata_of[key] = export_aoti(folded, example, tmp[key], metadata, device, keep_debug_info)
                 format_notes.append(f"aoti: compiled for {device} with torch {torch.__version__}; it runs only there")
             else:
                 archive_name = targets[key].name.removesuffix(".pt")

@@ -43,7 +43,8 @@ _START = r"(?<![\w.~/\\-])"  # not inside a word or a relative path (ONNX names 
 _ABSOLUTE_PATH = re.compile(
     rf"{_START}/(?:{_NAME}/)+{_NAME}\.(?:{_FILE_EXTENSIONS})\b"
     rf"|{_START}/(?:home|Users|root)/{_NAME}(?:/{_NAME})*"
-    rf"|{_START}/(?:tmp|var|private|opt|usr|mnt|media|srv|scratch|nix|Volumes|work|workspace|content|kaggle)"
+    # /usr/include and /usr/lib (system headers a compiled library names) say nothing about the machine.
+    rf"|{_START}/(?:tmp|var|private|opt|usr(?!/(?:include|lib)/)|mnt|media|srv|scratch|nix|Volumes|work|workspace|content|kaggle)"
     rf"(?:/{_NAME}){{2,}}"
     r"|(?<![A-Za-z])[A-Za-z]:\\(?:[^\\\s\"'<>|*?:\x00]+\\)+[^\\\s\"'<>|*?:\x00]*",
 )

@@ -31,6 +31,7 @@ from gantool.constants import DEFAULT_INT8_MIN_PSNR
 from gantool.data import ImageFolderSource, InpaintingDataset, SyntheticSource, open_source, validation_batch
 from gantool.errors import InputError, ModelError, first_line
 from gantool.parity import BackendSpec, ParityCase, default_cases, onnxruntime_backend, parity_sweep
+from gantool.provenance import redact_paths
 from gantool.providers import open_session
 
 log = logging.getLogger(__name__)
@@ -198,7 +199,7 @@ def quantize_int8(
                 props.update(metadata)
                 props[META_PRECISION] = "int8"
                 props[META_FLOAT_NODES] = json.dumps(exclude)
-                props[META_CALIBRATION] = calibration.source
+                props[META_CALIBRATION] = redact_paths(calibration.source)  # no path of this machine
                 del model.metadata_props[:]
                 for key, value in props.items():
                     model.metadata_props.add(key=key, value=value)

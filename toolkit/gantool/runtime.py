@@ -28,6 +28,7 @@ import contextlib
 import json
 import logging
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -423,12 +424,12 @@ def check_aoti_package(path: Path, metadata: dict[str, str], device: Any) -> Non
 
 
 # The backends by name (gantool.constants.BACKENDS lists the same names, in "auto" order).
-BACKEND_CLASSES: dict[str, type[Backend]] = {
+BACKEND_CLASSES: dict[str, Callable[..., Backend]] = {
     "onnx": OnnxBackend,
     "pt2": Pt2Backend,
-    "aoti": AotiBackend,
     "torchscript": TorchScriptBackend,
     "eager": EagerBackend,
+    "aoti": AotiBackend,
 }
 
 
