@@ -54,7 +54,7 @@ def test_twin_gantool_joint_steps_run_and_move_both_networks():
     for step in range(2):
         g_before, d_before = params(nets.generator), params(nets.discriminator)
         losses = train_step("joint", nets, opt_g, opt_d, tiny_batch(cfg, step=step), cfg, no_autocast())
-        assert set(losses) == {"loss_d", "loss_rec", "loss_adv"}
+        assert set(losses) == {"loss_d", "loss_rec", "loss_adv", "d_real", "d_fake"}
         assert not same(params(nets.generator), g_before) and not same(params(nets.discriminator), d_before)
 
 
@@ -127,7 +127,7 @@ def test_adversarial_loss_alone_reaches_the_generator():
     assert all(g is not None for g in grads)
     assert sum(float(g.abs().sum()) for g in grads) > 0
     assert not same(params(nets.generator), g_before)
-    assert set(losses) == {"loss_d", "loss_rec", "loss_adv"}  # its value: the twin above checks it
+    assert set(losses) == {"loss_d", "loss_rec", "loss_adv", "d_real", "d_fake"}  # its value: the twin above checks it
 
 
 def test_joint_step_updates_discriminator_exactly_as_its_own_loss_alone():
