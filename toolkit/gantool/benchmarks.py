@@ -52,7 +52,7 @@ from gantool.train import (
 )
 
 
-def _timed(step: Callable[[], None], steps: int, warmup: int, device: torch.device) -> list[float]:
+def _timed(step: Callable[[], object], steps: int, warmup: int, device: torch.device) -> list[float]:
     times = []
     for i in range(warmup + steps):
         if device.type == "cuda":
@@ -77,12 +77,12 @@ def _random_batch(cfg: TrainConfig, device: torch.device, memory_format: torch.m
     return real.to(device, memory_format=memory_format), mask.to(device, memory_format=memory_format), corners
 
 
-def gantool_step_fn(cfg: TrainConfig, device: torch.device, amp: bool, channels_last: bool) -> Callable[[], None]:
+def gantool_step_fn(cfg: TrainConfig, device: torch.device, amp: bool, channels_last: bool) -> Callable[[], object]:
     torch.manual_seed(0)
     model_cfg = cfg.model_config()
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    g = CompletionNetwork(model_cfg).to(device, memory_format=fmt)
-    d = ContextDiscriminator(model_cfg).to(device, memory_format=fmt)
+    g = CompletionNetwork(model_cfg).to(device=device, memory_format=fmt)  # type: ignore[call-overload]
+    d = ContextDiscriminator(model_cfg).to(device=device, memory_format=fmt)  # type: ignore[call-overload]
     nets = Networks(g, d, g, DiscriminatorPair(d))
     opt_g, opt_d = build_optimizers(nets, cfg)
     batch = _random_batch(cfg, device, fmt)
@@ -90,7 +90,7 @@ def gantool_step_fn(cfg: TrainConfig, device: torch.device, amp: bool, channels_
     return lambda: train_step("joint", nets, opt_g, opt_d, batch, cfg, autocast)
 
 
-def reference_step_fn(cfg: TrainConfig, device: torch.device) -> Callable[[], None]:
+def reference_step_fn(cfg: TrainConfig, device: torch.device) -> Callable[[], object]:
     """GLCIC-PyTorch's phase-3 iteration, reproduced for timing (same networks)."""
     torch.manual_seed(0)
     model_cfg = cfg.model_config()
@@ -139,29 +139,56 @@ def bench_train(
     for name, value, low in (("steps", steps, 1), ("warmup", warmup, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 10**6:
             raise InputError(f"--{name} must be an integer in {low}..1000000, got {value!r}")
-    cfg = TrainConfig(size=size, local_size=local_size, batch_size=batch_size, width=width, amp=amp, device=device,
-                      channels_last=channels_last).validate()
+    cfg = TrainConfig(
+        size=size,
+        local_size=local_size,
+        batch_size=batch_size,
+        width=width,
+        amp=amp,
+        device=device,
+        channels_last=channels_last,
+    ).validate()
     dev = resolve_device(device)
     amp, channels_last = use_amp(cfg, dev), use_channels_last(cfg, dev)
     rows = []
-    runs = [("gantool", gantool_step_fn(cfg, dev, amp, channels_last), {"amp_bf16": amp, "channels_last": channels_last})]
+    runs = [
+        ("gantool", gantool_step_fn(cfg, dev, amp, channels_last), {"amp_bf16": amp, "channels_last": channels_last})
+    ]
     if reference:
-        runs.append(("reference (GLCIC-PyTorch phase 3)", reference_step_fn(cfg, dev), {"amp_bf16": False, "channels_last": False}))
+        runs.append(
+            (
+                "reference (GLCIC-PyTorch phase 3)",
+                reference_step_fn(cfg, dev),
+                {"amp_bf16": False, "channels_last": False},
+            )
+        )
     for name, fn, flags in runs:
         times = _timed(fn, steps, warmup, dev)
         median = statistics.median(times)
-        rows.append({"name": name, **flags, "median_s_per_iter": median, "images_per_s": batch_size / median,
-                     "min_s": min(times), "max_s": max(times), "steps": steps})
+        rows.append(
+            {
+                "name": name,
+                **flags,
+                "median_s_per_iter": median,
+                "images_per_s": batch_size / median,
+                "min_s": min(times),
+                "max_s": max(times),
+                "steps": steps,
+            }
+        )
     result: dict[str, Any] = {
         "benchmark": "train",
         "device": str(dev),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
-        "size": size, "local_size": local_size, "batch_size": batch_size, "width": width,
+        "size": size,
+        "local_size": local_size,
+        "batch_size": batch_size,
+        "width": width,
         "rows": rows,
     }
     if reference:
-        result["speedup_vs_reference"] = rows[1]["median_s_per_iter"] / rows[0]["median_s_per_iter"]
+        result["speedup_vs_reference"] = float(rows[1]["median_s_per_iter"]) / float(rows[0]["median_s_per_iter"])  # type: ignore[arg-type]
     return result
 
 
@@ -259,7 +286,10 @@ class _TracedTorchScript:
     def __init__(self, eager: Any) -> None:
         folded = fold_batchnorm(eager.module.cpu()).to(eager.device)
         side = eager.size_multiple * 8
-        example = (torch.rand(1, 3, side, side, device=eager.device), torch.zeros(1, 1, side, side, device=eager.device))
+        example = (
+            torch.rand(1, 3, side, side, device=eager.device),
+            torch.zeros(1, 1, side, side, device=eager.device),
+        )
         with torch.no_grad(), warnings.catch_warnings():
             # Local: TorchScript's deprecation notice is not the user's concern here.
             warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.13
@@ -345,8 +375,13 @@ def _gate(precision: str, output: np.ndarray, reference: np.ndarray, mask: np.nd
 
 
 def bench_backend_rows(
-    model: str | Path | None, backends: Sequence[str], providers: Sequence[str], sizes: Sequence[int],
-    batches: Sequence[int], repeats: int, warmup: int,
+    model: str | Path | None,
+    backends: Sequence[str],
+    providers: Sequence[str],
+    sizes: Sequence[int],
+    batches: Sequence[int],
+    repeats: int,
+    warmup: int,
 ) -> list[dict[str, Any]]:
     """One row per path (``backend`` or ``backend:precision``) x provider x size x batch."""
     rows: list[dict[str, Any]] = []
@@ -383,22 +418,27 @@ def bench_backend_rows(
                         rows.append({**row, "error": first_line(e)})
                         continue
                     median = statistics.median(times)
-                    row.update({
-                        "median_ms_per_batch": median * 1e3,
-                        "min_ms_per_batch": min(times) * 1e3,
-                        "max_ms_per_batch": max(times) * 1e3,
-                        "psnr_hole_vs_fp32": psnr,
-                        "passes_gate": passed,
-                        "median_ms_per_image": median * 1e3 / batch,
-                        "images_per_s": batch / median,
-                        "gflop_per_image": flops[key] / batch / 1e9,
-                        "achieved_gflop_per_s": flops[key] / median / 1e9,
-                        "peak_rss_mb": memory.peak_mb,
-                        "peak_rss_exact": memory.exact,
-                        "peak_cuda_mb": (torch.cuda.max_memory_allocated() / 2**20
-                                         if gpu and backend != "onnx" and torch.cuda.is_available() else None),
-                        "runs": repeats,
-                    })
+                    row.update(
+                        {
+                            "median_ms_per_batch": median * 1e3,
+                            "min_ms_per_batch": min(times) * 1e3,
+                            "max_ms_per_batch": max(times) * 1e3,
+                            "psnr_hole_vs_fp32": psnr,
+                            "passes_gate": passed,
+                            "median_ms_per_image": median * 1e3 / batch,
+                            "images_per_s": batch / median,
+                            "gflop_per_image": flops[key] / batch / 1e9,
+                            "achieved_gflop_per_s": flops[key] / median / 1e9,
+                            "peak_rss_mb": memory.peak_mb,
+                            "peak_rss_exact": memory.exact,
+                            "peak_cuda_mb": (
+                                torch.cuda.max_memory_allocated() / 2**20
+                                if gpu and backend != "onnx" and torch.cuda.is_available()
+                                else None
+                            ),
+                            "runs": repeats,
+                        }
+                    )
                     rows.append(row)
     return rows
 
@@ -445,8 +485,15 @@ def _write_bench_folder(root: Path, images: int, size: int) -> tuple[Path, Path]
     return folder, mask_path
 
 
-def bench_end_to_end(model: str | Path | None, images: int, size: int, provider: str, strategy: str = "auto",
-                     batch_size: int = 4, blend: str = DEFAULT_BLEND) -> dict[str, Any]:
+def bench_end_to_end(
+    model: str | Path | None,
+    images: int,
+    size: int,
+    provider: str,
+    strategy: str = "auto",
+    batch_size: int = 4,
+    blend: str = DEFAULT_BLEND,
+) -> dict[str, Any]:
     """``gantool inpaint``'s file loop (read, mask, pre/post-process, run, write PNG)
     over ``images`` files of ``size`` px: wall time against summed backend.run time."""
     import tempfile
@@ -458,21 +505,39 @@ def bench_end_to_end(model: str | Path | None, images: int, size: int, provider:
         folder, mask_path = _write_bench_folder(Path(tmp), images, size)
         out = Path(tmp) / "out"
         start = time.perf_counter()
-        summary = run_inpaint([folder], backend, mask=mask_path, output=out, strategy=strategy, batch_size=batch_size, blend=blend)  # type: ignore[arg-type]
+        summary = run_inpaint(
+            [folder],
+            backend,  # type: ignore[arg-type]  # a Backend by delegation
+            mask=mask_path,
+            output=out,
+            strategy=strategy,
+            batch_size=batch_size,
+            blend=blend,
+        )
         wall = time.perf_counter() - start
     outside = max(0.0, wall - backend.run_seconds)
     return {
-        "images": images, "size": size, "strategy": strategy, "batch_size": batch_size, "blend": blend,
-        "backend": "onnx", "provider": backend.provider, "failed": summary.failed,
-        "model_load_s": load_s, "wall_s": wall, "model_run_s": backend.run_seconds, "run_calls": backend.calls,
+        "images": images,
+        "size": size,
+        "strategy": strategy,
+        "batch_size": batch_size,
+        "blend": blend,
+        "backend": "onnx",
+        "provider": backend.provider,
+        "failed": summary.failed,
+        "model_load_s": load_s,
+        "wall_s": wall,
+        "model_run_s": backend.run_seconds,
+        "run_calls": backend.calls,
         "outside_model_fraction": outside / wall if wall > 0 else None,
         "measures": "pipeline.run_inpaint (what `gantool inpaint` runs, the model already loaded): "
-                    "wall time vs the summed backend.run time",
+        "wall time vs the summed backend.run time",
     }
 
 
-def bench_crop(model: str | Path | None, provider: str, large: int = 2048, small: int = 256, hole: int = 128,
-               repeats: int = 3) -> dict[str, Any]:
+def bench_crop(
+    model: str | Path | None, provider: str, large: int = 2048, small: int = 256, hole: int = 128, repeats: int = 3
+) -> dict[str, Any]:
     """--strategy crop on a ``large`` image with one ``hole`` x ``hole`` hole vs
     --strategy full on a ``small`` image with the same hole (PIL image in, PIL image out)."""
     from PIL import Image
@@ -484,13 +549,15 @@ def bench_crop(model: str | Path | None, provider: str, large: int = 2048, small
         picture = Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8))
         mask = (_box_mask_array(side, min(hole, side // 2)) > 127).astype(np.float32)
         # blend="none": the strategies are compared here; the blend is timed on its own (bench_blend).
-        run = lambda: inpaint_images(  # noqa: E731
-            backend, [(picture, mask)], strategy=strategy, batch_size=1, blend="none"
-        )
+        run = lambda: inpaint_images(backend, [(picture, mask)], strategy=strategy, batch_size=1, blend="none")
         timings[name] = statistics.median(_timed(run, repeats, 1, torch.device("cpu")))
     return {
-        "large": large, "small": small, "hole": hole, "provider": backend.provider,
-        "large_crop_s": timings["large_crop"], "small_full_s": timings["small_full"],
+        "large": large,
+        "small": small,
+        "hole": hole,
+        "provider": backend.provider,
+        "large_crop_s": timings["large_crop"],
+        "small_full_s": timings["small_full"],
         "ratio": timings["large_crop"] / timings["small_full"],
     }
 
@@ -502,8 +569,15 @@ def _smooth_noisy_rgb(size: int, rng: np.random.Generator) -> np.ndarray:
     return base.astype(np.uint8)
 
 
-def bench_blend(model: str | Path | None, provider: str, size: int = 512, hole: int = 128, repeats: int = 3,
-                strategies: Sequence[str] = ("full", "auto"), blend: str = DEFAULT_BLEND) -> list[dict[str, Any]]:
+def bench_blend(
+    model: str | Path | None,
+    provider: str,
+    size: int = 512,
+    hole: int = 128,
+    repeats: int = 3,
+    strategies: Sequence[str] = ("full", "auto"),
+    blend: str = DEFAULT_BLEND,
+) -> list[dict[str, Any]]:
     """The cost of the post-processing next to the model's: one ``size`` px image with a
     ``hole`` px square hole, per strategy. ``model_ms`` is the median time in
     backend.run (the windows the strategy runs), ``blend_ms`` the median time of
@@ -533,11 +607,20 @@ def bench_blend(model: str | Path | None, provider: str, size: int = 512, hole: 
 
         blend_times = _timed(post_process, repeats, 1, torch.device("cpu"))
         model_ms, blend_ms = statistics.median(model_times[1:]) * 1e3, statistics.median(blend_times) * 1e3
-        rows.append({
-            "strategy": strategy, "size": size, "hole": hole, "blend": blend, "provider": backend.provider,
-            "windows": [[w.height, w.width] for w, _ in fills], "model_ms": model_ms, "blend_ms": blend_ms,
-            "blend_vs_model": blend_ms / model_ms if model_ms > 0 else None, "runs": repeats,
-        })
+        rows.append(
+            {
+                "strategy": strategy,
+                "size": size,
+                "hole": hole,
+                "blend": blend,
+                "provider": backend.provider,
+                "windows": [[w.height, w.width] for w, _ in fills],
+                "model_ms": model_ms,
+                "blend_ms": blend_ms,
+                "blend_vs_model": blend_ms / model_ms if model_ms > 0 else None,
+                "runs": repeats,
+            }
+        )
     return rows
 
 
@@ -556,8 +639,12 @@ def fastest_passing(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]
         if key not in best or row["median_ms_per_image"] < best[key]["median_ms_per_image"]:
             best[key] = row
     return {
-        key: {"path": path_label(row), "provider": row["provider"], "median_ms_per_image": row["median_ms_per_image"],
-              "psnr_hole_vs_fp32": row["psnr_hole_vs_fp32"]}
+        key: {
+            "path": path_label(row),
+            "provider": row["provider"],
+            "median_ms_per_image": row["median_ms_per_image"],
+            "psnr_hole_vs_fp32": row["psnr_hole_vs_fp32"],
+        }
         for key, row in best.items()
     }
 
@@ -632,7 +719,7 @@ def bench_inpaint(
         "model": str(model) if model is not None else "(shipped model)",
         "rows": rows,
         "peak_memory": "peak resident memory above the process's level before each measurement "
-                       "(Linux VmHWM, reset per measurement; else ru_maxrss growth, a lower bound)",
+        "(Linux VmHWM, reset per measurement; else ru_maxrss growth, a lower bound)",
         "goals": {},
     }
     result["fastest_passing"] = fastest_passing(rows)
@@ -772,8 +859,12 @@ def _png(array: np.ndarray) -> bytes:
 def _multipart(image: bytes, mask: bytes, boundary: str) -> bytes:
     parts = []
     for name, data in (("image", image), ("mask", mask)):
-        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{name}.png"\r\n'
-                     "Content-Type: image/png\r\n\r\n".encode() + data + b"\r\n")
+        parts.append(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{name}.png"\r\n'
+            "Content-Type: image/png\r\n\r\n".encode()
+            + data
+            + b"\r\n"
+        )
     return b"".join(parts) + f"--{boundary}--\r\n".encode()
 
 
@@ -791,7 +882,10 @@ class _ServerProcess:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gantool", "serve", "--port", "0", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
         )
         self.lines: list[str] = []
         self.url: str | None = None
@@ -917,8 +1011,20 @@ def bench_serve(
 
     boundary = "gantoolbench"
     bodies = [_multipart(image_png, mask_png, boundary) for image_png, mask_png in pngs]
-    args = ["--provider", provider, "--backend", backend, "--precision", precision, "--max-batch", str(max_batch),
-            "--batch-wait-ms", str(batch_wait_ms), "--max-queue", str(max(16, 2 * concurrency))]
+    args = [
+        "--provider",
+        provider,
+        "--backend",
+        backend,
+        "--precision",
+        precision,
+        "--max-batch",
+        str(max_batch),
+        "--batch-wait-ms",
+        str(batch_wait_ms),
+        "--max-queue",
+        str(max(16, 2 * concurrency)),
+    ]
     if model is not None:
         args += ["--model", str(model)]
     server = _ServerProcess(args, max(1.0, deadline - time.monotonic()))
@@ -956,8 +1062,12 @@ def bench_serve(
                 began = time.perf_counter()
                 problem = None
                 try:
-                    connection.request("POST", "/v1/inpaint", body=bodies[index],
-                                       headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+                    connection.request(
+                        "POST",
+                        "/v1/inpaint",
+                        body=bodies[index],
+                        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+                    )
                     response = connection.getresponse()
                     data = response.read()
                     if response.status != 200:
@@ -1017,8 +1127,11 @@ def bench_serve(
         "ok": served,
         "errors": len(errors),
         "error_examples": sorted(set(errors))[:3],
-        "latency_ms": {"p50": float(np.percentile(ms, 50)), "p95": float(np.percentile(ms, 95)),
-                       "p99": float(np.percentile(ms, 99))},
+        "latency_ms": {
+            "p50": float(np.percentile(ms, 50)),
+            "p95": float(np.percentile(ms, 95)),
+            "p99": float(np.percentile(ms, 99)),
+        },
         "wall_s": wall_s,
         "server_images_per_s": server_ips,
         "in_process_images_per_s": in_process_ips,
@@ -1030,9 +1143,16 @@ def bench_serve(
         "ratio": ratio,
         "rss_mb": {"ready": rss_ready, "after_50": rss_at_50, "after_all": rss_end},
         "goals": {
-            "throughput": {"goal": SERVE_GOAL_RATIO, "ratio": ratio, "errors": len(errors),
-                           "met": ratio >= SERVE_GOAL_RATIO and not errors and served == requests},
-            "rss_stable": {"goal": SERVE_GOAL_RSS_GROWTH, "growth": rss_growth,
-                           "met": rss_growth is not None and rss_growth <= SERVE_GOAL_RSS_GROWTH},
+            "throughput": {
+                "goal": SERVE_GOAL_RATIO,
+                "ratio": ratio,
+                "errors": len(errors),
+                "met": ratio >= SERVE_GOAL_RATIO and not errors and served == requests,
+            },
+            "rss_stable": {
+                "goal": SERVE_GOAL_RSS_GROWTH,
+                "growth": rss_growth,
+                "met": rss_growth is not None and rss_growth <= SERVE_GOAL_RSS_GROWTH,
+            },
         },
     }

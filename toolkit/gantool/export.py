@@ -179,7 +179,8 @@ class HalfPrecisionGenerator(nn.Module):
 
     def forward(self, image: Tensor, mask: Tensor) -> Tensor:
         known = 1.0 - mask
-        filled = image * known + self.fill * mask
+        fill: Tensor = self.fill  # type: ignore[assignment]  # a registered buffer
+        filled = image * known + fill * mask
         out = self.body(torch.cat([filled, mask], dim=1).half()).float()
         return image * known + out * mask
 
@@ -242,6 +243,7 @@ def export_onnx(
                 module, example, dynamo=True, dynamic_shapes=_dynamic_shapes(), input_names=INPUT_NAMES,
                 output_names=OUTPUT_NAMES, opset_version=opset, verbose=False,
             )  # fmt: skip
+        assert program is not None  # dynamo=True always returns a program
         model = program.model_proto
     except Exception as e:  # the exporter raises many types; the user needs one line
         logger.debug("ONNX export failed", exc_info=True)
@@ -385,7 +387,7 @@ def export_aoti(
     import torch._inductor.config as inductor_config
 
     flags: dict[str, Any] = {"freezing": True} if device == "cpu" else {}
-    patched = inductor_config.patch(flags)  # type: ignore[attr-defined]  # installed by torch at import
+    patched = inductor_config.patch(flags)
     meta = aoti_metadata(metadata, device, flags)
     module = copy.deepcopy(folded).to(device).eval()
     inputs = (example[0].to(device), example[1].to(device))
@@ -546,7 +548,7 @@ def export_generator(
             if key == "onnx":
                 export_onnx(folded, example, tmp[key], metadata, opset, keep_debug_info)
             elif key == "onnx_fp16":
-                half = HalfPrecisionGenerator(folded).eval()
+                half = HalfPrecisionGenerator(folded).eval()  # type: ignore[arg-type]  # folded: a CompletionNetwork
                 fp16_metadata = {**metadata, META_PRECISION: ARTIFACT[key].precision or "fp16"}
                 export_onnx(half, example, tmp[key], fp16_metadata, opset, keep_debug_info)
             elif key == "onnx_int8":
@@ -572,7 +574,8 @@ def export_generator(
             seconds[key] = round(time.perf_counter() - start, 2)
         save_generator_weights(tmp["safetensors"], generator, metadata)
 
-        report, notes = None, []
+        report: dict[str, Any] | None = None
+        notes: list[str] = []
         if verify:
             built_for = metadata_of.get("aoti", {}).get(META_AOTI_DEVICE, "cpu")
             report, notes = verify_exports(generator, folded, tmp, atol, cuda, cases, int8_min_psnr, built_for)
@@ -733,7 +736,7 @@ def verify_exports(
     if "onnx_fp16" in files:
         # torch's fp16 CPU convolutions are slow: on the CPU check the cases up to one training-size image.
         on_gpu = torch.cuda.is_available()
-        half = HalfPrecisionGenerator(folded).eval().to("cuda" if on_gpu else "cpu")
+        half = HalfPrecisionGenerator(folded).eval().to("cuda" if on_gpu else "cpu")  # type: ignore[arg-type]
         max_pixels = None if on_gpu else generator.config.size**2
         backends.append(BackendSpec("eager-fp16", _device_backend(half, on_gpu), "fp16", max_pixels))
         notes.append(

@@ -152,7 +152,10 @@ class OnnxBackend(Backend):
             check_export_folder(path.parent)
         cpu_file = self._pick_file(path, precision, gpu=False)
         if not opened.on_gpu and cpu_file != model_file:
-            model_file, opened = cpu_file, OpenedSession(open_session(cpu_file, "cpu").session, opened.provider, opened.note)
+            model_file, opened = (
+                cpu_file,
+                OpenedSession(open_session(cpu_file, "cpu").session, opened.provider, opened.note),
+            )
         self.session = opened.session
         metadata = dict(self.session.get_modelmeta().custom_metadata_map)
         super().__init__(model_file, metadata, opened.provider, opened.note)

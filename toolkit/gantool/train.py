@@ -100,8 +100,13 @@ def set_requires_grad(module: nn.Module, flag: bool) -> None:
 
 
 def discriminator_step(
-    nets: Networks, opt_d: torch.optim.Optimizer, real: Tensor, fake: Tensor, corners: Tensor,
-    cfg: TrainConfig, autocast: contextlib.AbstractContextManager,
+    nets: Networks,
+    opt_d: torch.optim.Optimizer,
+    real: Tensor,
+    fake: Tensor,
+    corners: Tensor,
+    cfg: TrainConfig,
+    autocast: contextlib.AbstractContextManager,
 ) -> dict[str, Tensor]:
     """D on real and on ``fake`` (already detached); one D optimizer step.
 
@@ -115,13 +120,23 @@ def discriminator_step(
         loss_d = discriminator_loss(real_logits.float(), fake_logits.float(), cfg.alpha)
     loss_d.backward()
     opt_d.step()
-    return {"loss_d": loss_d.detach(), "d_real": torch.sigmoid(real_logits.detach().float()).mean(),
-            "d_fake": torch.sigmoid(fake_logits.detach().float()).mean()}
+    return {
+        "loss_d": loss_d.detach(),
+        "d_real": torch.sigmoid(real_logits.detach().float()).mean(),
+        "d_fake": torch.sigmoid(fake_logits.detach().float()).mean(),
+    }
 
 
 def generator_step(
-    nets: Networks, opt_g: torch.optim.Optimizer, real: Tensor, fake: Tensor, mask: Tensor, corners: Tensor,
-    cfg: TrainConfig, autocast: contextlib.AbstractContextManager, adversarial: bool,
+    nets: Networks,
+    opt_g: torch.optim.Optimizer,
+    real: Tensor,
+    fake: Tensor,
+    mask: Tensor,
+    corners: Tensor,
+    cfg: TrainConfig,
+    autocast: contextlib.AbstractContextManager,
+    adversarial: bool,
 ) -> tuple[Tensor, Tensor]:
     """Reconstruction loss in the hole (+ adversarial loss from a fresh D pass on
     the non-detached ``fake``, D frozen); one G optimizer step."""
@@ -143,8 +158,13 @@ def generator_step(
 
 
 def train_step(
-    phase: str, nets: Networks, opt_g: torch.optim.Optimizer, opt_d: torch.optim.Optimizer,
-    batch: tuple[Tensor, Tensor, Tensor], cfg: TrainConfig, autocast: contextlib.AbstractContextManager,
+    phase: str,
+    nets: Networks,
+    opt_g: torch.optim.Optimizer,
+    opt_d: torch.optim.Optimizer,
+    batch: tuple[Tensor, Tensor, Tensor],
+    cfg: TrainConfig,
+    autocast: contextlib.AbstractContextManager,
 ) -> dict[str, Tensor]:
     """One step of ``phase`` ("g", "d" or "joint"); returns the losses and, where D ran,
     ``d_real`` / ``d_fake`` (0-d tensors)."""
@@ -172,7 +192,9 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError("--device cuda was requested but torch sees no CUDA device (torch.cuda.is_available() is False)")
+        raise InputError(
+            "--device cuda was requested but torch sees no CUDA device (torch.cuda.is_available() is False)"
+        )
     return torch.device(name)
 
 
@@ -208,13 +230,17 @@ def autocast_for(device: torch.device, enabled: bool) -> contextlib.AbstractCont
     return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
-def build_networks(model_cfg: ModelConfig, cfg: TrainConfig, device: torch.device, dist: DistributedContext) -> Networks:
+def build_networks(
+    model_cfg: ModelConfig, cfg: TrainConfig, device: torch.device, dist: DistributedContext
+) -> Networks:
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     generator, discriminator = CompletionNetwork(model_cfg), ContextDiscriminator(model_cfg)
     if cfg.sync_bn and dist.enabled:
         if not sync_batchnorm_supported(device):
-            raise InputError(f"--sync-bn needs GPUs: torch's SyncBatchNorm does not run on {device.type} tensors; "
-                             "drop --sync-bn (each process then normalizes with its own batch statistics)")
+            raise InputError(
+                f"--sync-bn needs GPUs: torch's SyncBatchNorm does not run on {device.type} tensors; "
+                "drop --sync-bn (each process then normalizes with its own batch statistics)"
+            )
         generator = nn.SyncBatchNorm.convert_sync_batchnorm(generator)
         discriminator = nn.SyncBatchNorm.convert_sync_batchnorm(discriminator)
     memory_format = torch.channels_last if use_channels_last(cfg, device) else torch.contiguous_format
@@ -244,8 +270,13 @@ def build_optimizers(nets: Networks, cfg: TrainConfig) -> tuple[torch.optim.Opti
 def rng_state() -> dict[str, Any]:
     """Global RNG states as plain containers and tensors (weights_only-loadable)."""
     name, keys, pos, has_gauss, gauss = np.random.get_state()
-    numpy_state = {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),  # type: ignore[attr-defined]
-                   "has_gauss": int(has_gauss), "gauss": float(gauss)}
+    numpy_state = {
+        "name": name,
+        "keys": torch.from_numpy(keys.astype(np.int64)),  # type: ignore[attr-defined]
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "gauss": float(gauss),
+    }
     state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy_state}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -372,8 +403,10 @@ def prepare_run(
     cfg.validate()
     step = int(state["step"]) if state is not None else 0
     if step >= cfg.total_steps:
-        raise InputError(f"the checkpoint is at step {step}, already past the schedule's {cfg.total_steps} steps; "
-                         "raise --steps-joint")
+        raise InputError(
+            f"the checkpoint is at step {step}, already past the schedule's {cfg.total_steps} steps; "
+            "raise --steps-joint"
+        )
     return cfg, state, plan_run_folder(cfg.out, resume, state)
 
 
@@ -419,8 +452,16 @@ def _claim_on_rank0(plan: RunPlan, dist: DistributedContext) -> tuple[Path, Any]
     return run_dir, release
 
 
-def _train(cfg: TrainConfig, state: dict[str, Any] | None, run_dir: Path, source: Any, device: torch.device,
-           dist: DistributedContext, stop_after: int | None, progress: bool) -> TrainResult:
+def _train(
+    cfg: TrainConfig,
+    state: dict[str, Any] | None,
+    run_dir: Path,
+    source: Any,
+    device: torch.device,
+    dist: DistributedContext,
+    stop_after: int | None,
+    progress: bool,
+) -> TrainResult:
     amp = use_amp(cfg, device)
     if amp and not amp_supported(device) and dist.is_main:
         log.warning("bf16 autocast is not natively supported on this %s; it will be slow", device.type)
@@ -453,8 +494,13 @@ def _train(cfg: TrainConfig, state: dict[str, Any] | None, run_dir: Path, source
     # (the DistributedSampler role; exact on resume, independent of the rank count).
     sampler = StepBatchSampler(train_items, cfg.batch_size, cfg.seed, step, end, dist.rank, dist.world_size)
     dataset = InpaintingDataset(source, cfg.size, cfg.local_size, cfg.mask, cfg.hole_range())
-    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=cfg.workers,
-                                         pin_memory=device.type == "cuda", persistent_workers=False)
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=cfg.workers,
+        pin_memory=device.type == "cuda",
+        persistent_workers=False,
+    )
     setup_error: str | None = None
     if dist.is_main:
         try:
@@ -481,13 +527,21 @@ def _train(cfg: TrainConfig, state: dict[str, Any] | None, run_dir: Path, source
 
     def checkpoint(at_step: int) -> Path:
         path = run_dir / "checkpoints" / "last.pt"
-        save_checkpoint(path, {
-            "model_config": model_cfg.to_dict(), "train_config": cfg.to_dict(),
-            "generator": nets.generator.state_dict(), "discriminator": nets.discriminator.state_dict(),
-            "opt_g": opt_g.state_dict(), "opt_d": opt_d.state_dict(),
-            "step": at_step, "phase": phase_at(max(at_step - 1, 0), cfg), "rng": rng_state(),
-            "metrics": result.history[-1] if result.history else {},
-        })
+        save_checkpoint(
+            path,
+            {
+                "model_config": model_cfg.to_dict(),
+                "train_config": cfg.to_dict(),
+                "generator": nets.generator.state_dict(),
+                "discriminator": nets.discriminator.state_dict(),
+                "opt_g": opt_g.state_dict(),
+                "opt_d": opt_d.state_dict(),
+                "step": at_step,
+                "phase": phase_at(max(at_step - 1, 0), cfg),
+                "rng": rng_state(),
+                "metrics": result.history[-1] if result.history else {},
+            },
+        )
         if cfg.keep_checkpoints:
             keep = path.with_name(f"step_{at_step}.pt")
             keep.unlink(missing_ok=True)
@@ -507,16 +561,21 @@ def _train(cfg: TrainConfig, state: dict[str, Any] | None, run_dir: Path, source
         try:
             for batch in loader:
                 phase = phase_at(step, cfg)
-                batch = (batch[0].to(device, non_blocking=True).contiguous(memory_format=memory_format),
-                         batch[1].to(device, non_blocking=True).contiguous(memory_format=memory_format), batch[2])
+                batch = (
+                    batch[0].to(device, non_blocking=True).contiguous(memory_format=memory_format),
+                    batch[1].to(device, non_blocking=True).contiguous(memory_format=memory_format),
+                    batch[2],
+                )
                 losses = train_step(phase, nets, opt_g, opt_d, batch, cfg, autocast)
                 # Under DDP: losses averaged over ranks, and one stop decision for all of them.
                 values, stop_now = dist.step_consensus(losses, stop.requested)
                 bad = [k for k, v in values.items() if not math.isfinite(v)]
                 if bad:
                     where = f"{last_good} is the last good checkpoint" if last_good else "no checkpoint was written yet"
-                    raise TrainingError(f"non-finite {', '.join(bad)} at step {step + 1} ({PHASE_NAMES[phase]} phase); "
-                                        f"stopped: {where}. Try a lower --lr{' or no --amp' if amp else ''}.")
+                    raise TrainingError(
+                        f"non-finite {', '.join(bad)} at step {step + 1} ({PHASE_NAMES[phase]} phase); "
+                        f"stopped: {where}. Try a lower --lr{' or no --amp' if amp else ''}."
+                    )
                 step += 1
                 images += batch[0].shape[0] * dist.world_size
                 if step % cfg.log_every == 0 or step == end:
@@ -559,8 +618,9 @@ def _train(cfg: TrainConfig, state: dict[str, Any] | None, run_dir: Path, source
 
 
 @torch.no_grad()
-def validate(generator: CompletionNetwork, val: tuple[Tensor, Tensor, Tensor], step: int, phase: str,
-             sample_path: Path) -> dict[str, Any]:
+def validate(
+    generator: CompletionNetwork, val: tuple[Tensor, Tensor, Tensor], step: int, phase: str, sample_path: Path
+) -> dict[str, Any]:
     """Metrics on the fixed held-out batch, and a sample grid (masked | output | real)."""
     was_training = generator.training
     generator.eval()
@@ -568,10 +628,13 @@ def validate(generator: CompletionNetwork, val: tuple[Tensor, Tensor, Tensor], s
     out = generator(real, mask).float()
     generator.train(was_training)
     record = {
-        "step": step, "phase": phase,
-        "val_psnr": float(psnr(out, real).clamp(max=99).mean()), "val_psnr_hole": float(psnr(out, real, mask).clamp(max=99).mean()),
+        "step": step,
+        "phase": phase,
+        "val_psnr": float(psnr(out, real).clamp(max=99).mean()),
+        "val_psnr_hole": float(psnr(out, real, mask).clamp(max=99).mean()),
         "val_ssim": float(ssim(out, real).mean()),
-        "val_l1": float(l1(out, real).mean()), "val_l1_hole": float(l1(out, real, mask).mean()),
+        "val_l1": float(l1(out, real).mean()),
+        "val_l1_hole": float(l1(out, real, mask).mean()),
     }
     masked = real * (1 - mask) + mask  # holes shown white
     rows = torch.cat([masked, out, real], dim=3)  # N x 3 x H x 3W
@@ -592,12 +655,14 @@ def _metrics_writer(path: Path, enabled: bool) -> Iterator[Any]:
     except OSError as e:
         raise InputError(f"cannot write {path}: {e.strerror or e}") from None
     with f:
+
         def write(record: dict[str, Any]) -> None:
             try:
                 f.write(json.dumps(record) + "\n")
                 f.flush()
             except OSError as e:  # a full disk ends the run with one line; checkpoints stay intact
                 raise InputError(f"cannot write {path}: {e.strerror or e}") from None
+
         yield write
 
 
@@ -608,8 +673,9 @@ def _progress_bar(enabled: bool, start: int, end: int) -> Any:
 
     # Redirected to a log file, a bar that redraws 10 times a second buries the log.
     interval = 0.1 if sys.stderr.isatty() else 30.0
-    return tqdm(total=end, initial=start, disable=not enabled, unit="step", dynamic_ncols=True, leave=True,
-                mininterval=interval)
+    return tqdm(
+        total=end, initial=start, disable=not enabled, unit="step", dynamic_ncols=True, leave=True, mininterval=interval
+    )
 
 
 def _postfix(record: dict[str, Any]) -> str:

@@ -43,10 +43,17 @@ def bench() -> None:
 @click.option("--steps", type=int, default=5, show_default=True, help="Timed iterations (after 2 warm-up ones).")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--amp/--no-amp", default=None, help="bf16 autocast.  [default: as gantool train: on for CUDA]")
-@click.option("--channels-last/--no-channels-last", default=None,
-              help="channels_last memory format.  [default: as gantool train: on for CUDA]")
-@click.option("--reference/--no-reference", default=True, show_default=True,
-              help="Also time the GLCIC-PyTorch phase-3 iteration for comparison.")
+@click.option(
+    "--channels-last/--no-channels-last",
+    default=None,
+    help="channels_last memory format.  [default: as gantool train: on for CUDA]",
+)
+@click.option(
+    "--reference/--no-reference",
+    default=True,
+    show_default=True,
+    help="Also time the GLCIC-PyTorch phase-3 iteration for comparison.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def bench_train(as_json: bool, **options) -> None:
     """Median seconds per joint training iteration and images/s."""
@@ -56,11 +63,23 @@ def bench_train(as_json: bool, **options) -> None:
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
-    click.echo(f"train benchmark on {result['device']} ({result['threads']} threads, torch {result['torch']}): "
-               f"batch {result['batch_size']}, {result['size']}px, local {result['local_size']}, width {result['width']}")
-    echo_table(["loop", "bf16", "channels_last", "median s/iter", "images/s"],
-               [[row["name"], str(row["amp_bf16"]), str(row["channels_last"]), f"{row['median_s_per_iter']:.3f}",
-                 f"{row['images_per_s']:.2f}"] for row in result["rows"]])
+    click.echo(
+        f"train benchmark on {result['device']} ({result['threads']} threads, torch {result['torch']}): "
+        f"batch {result['batch_size']}, {result['size']}px, local {result['local_size']}, width {result['width']}"
+    )
+    echo_table(
+        ["loop", "bf16", "channels_last", "median s/iter", "images/s"],
+        [
+            [
+                row["name"],
+                str(row["amp_bf16"]),
+                str(row["channels_last"]),
+                f"{row['median_s_per_iter']:.3f}",
+                f"{row['images_per_s']:.2f}",
+            ]
+            for row in result["rows"]
+        ],
+    )
     if "speedup_vs_reference" in result:
         click.echo(f"speed-up vs reference: {result['speedup_vs_reference']:.2f}x")
 
@@ -83,27 +102,60 @@ def _name_list(ctx: click.Context, param: click.Parameter, value: str) -> list[s
 @click.argument("model", required=False, metavar="[MODEL]")
 @click.option("--sizes", default="256,512", show_default=True, callback=_int_list, help="Square image sizes.")
 @click.option("--batch", "batches", default="1,8", show_default=True, callback=_int_list, help="Batch sizes.")
-@click.option("--backends", default=",".join(BENCH_INPAINT_PATHS), show_default=True, callback=_name_list,
-              help="Paths to time: a backend, or backend:precision (eager:bf16, pt2:bf16, onnx:int8, onnx:fp16). "
-              "torchscript is traced in memory when the model folder has none.")
-@click.option("--providers", default="auto", show_default=True, callback=_name_list,
-              help="cpu, cuda, tensorrt; auto = cpu, plus cuda when a GPU is visible.")
+@click.option(
+    "--backends",
+    default=",".join(BENCH_INPAINT_PATHS),
+    show_default=True,
+    callback=_name_list,
+    help="Paths to time: a backend, or backend:precision (eager:bf16, pt2:bf16, onnx:int8, onnx:fp16). "
+    "torchscript is traced in memory when the model folder has none.",
+)
+@click.option(
+    "--providers",
+    default="auto",
+    show_default=True,
+    callback=_name_list,
+    help="cpu, cuda, tensorrt; auto = cpu, plus cuda when a GPU is visible.",
+)
 @click.option("--repeats", default=5, show_default=True, help="Timed runs per row (after --warmup).")
 @click.option("--warmup", default=1, show_default=True)
-@click.option("--e2e-images", default=32, show_default=True,
-              help="Images for the end-to-end file-loop measurement (0 skips it).")
+@click.option(
+    "--e2e-images", default=32, show_default=True, help="Images for the end-to-end file-loop measurement (0 skips it)."
+)
 @click.option("--e2e-size", default=512, show_default=True)
-@click.option("--e2e-strategy", type=click.Choice(STRATEGIES), default=DEFAULT_STRATEGY,
-              show_default=True, help="--strategy of the end-to-end measurement.")
-@click.option("--crop-check/--no-crop-check", default=True, show_default=True,
-              help="Time --strategy crop on 2048 px with one 128 px hole against a 256 px image.")
-@click.option("--blend", type=click.Choice(BLEND_MODES), default=DEFAULT_BLEND, show_default=True,
-              help="Post-processing in the end-to-end measurement, and whose cost is timed beside the model's.")
-@click.option("--blend-check/--no-blend-check", default=True, show_default=True,
-              help="Time --blend against the model on 512 px with one 128 px hole (strategies full and auto).")
-@click.option("--ray", "use_ray", is_flag=True,
-              help="Instead: images/s of `gantool inpaint --ray` vs the local pipeline on the same folder of "
-              "--e2e-images images of --e2e-size px (first of --providers; Ray's start-up reported apart).")
+@click.option(
+    "--e2e-strategy",
+    type=click.Choice(STRATEGIES),
+    default=DEFAULT_STRATEGY,
+    show_default=True,
+    help="--strategy of the end-to-end measurement.",
+)
+@click.option(
+    "--crop-check/--no-crop-check",
+    default=True,
+    show_default=True,
+    help="Time --strategy crop on 2048 px with one 128 px hole against a 256 px image.",
+)
+@click.option(
+    "--blend",
+    type=click.Choice(BLEND_MODES),
+    default=DEFAULT_BLEND,
+    show_default=True,
+    help="Post-processing in the end-to-end measurement, and whose cost is timed beside the model's.",
+)
+@click.option(
+    "--blend-check/--no-blend-check",
+    default=True,
+    show_default=True,
+    help="Time --blend against the model on 512 px with one 128 px hole (strategies full and auto).",
+)
+@click.option(
+    "--ray",
+    "use_ray",
+    is_flag=True,
+    help="Instead: images/s of `gantool inpaint --ray` vs the local pipeline on the same folder of "
+    "--e2e-images images of --e2e-size px (first of --providers; Ray's start-up reported apart).",
+)
 @click.option("--actors", type=click.IntRange(min=1), default=None, help="With --ray: actors (default as inpaint).")
 @click.option("--ray-address", metavar="ADDR", help="With --ray: connect to this cluster instead of a local one.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -122,12 +174,19 @@ def bench_inpaint(
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
-    click.echo(f"inpaint benchmark: {result['model']}; torch {result['torch']}, {result['threads']} threads, "
-               f"{result['cpu_count']} CPUs")
+    click.echo(
+        f"inpaint benchmark: {result['model']}; torch {result['torch']}, {result['threads']} threads, "
+        f"{result['cpu_count']} CPUs"
+    )
     lines = []
     for row in result["rows"]:
-        head = [row["backend"], row.get("precision", "fp32"), row["provider"], str(row.get("size", "")),
-                str(row.get("batch", ""))]
+        head = [
+            row["backend"],
+            row.get("precision", "fp32"),
+            row["provider"],
+            str(row.get("size", "")),
+            str(row.get("batch", "")),
+        ]
         if "error" in row:
             lines.append([*head, f"error: {row['error']}", "", "", "", "", "", ""])
             continue
@@ -136,51 +195,97 @@ def bench_inpaint(
             peak += f" (CUDA {row['peak_cuda_mb']:.0f})"
         psnr = "inf" if row["psnr_hole_vs_fp32"] == float("inf") else f"{row['psnr_hole_vs_fp32']:.1f}"
         spread = f"{row['min_ms_per_batch'] / row['batch']:.1f}-{row['max_ms_per_batch'] / row['batch']:.1f}"
-        lines.append([*head, f"{row['median_ms_per_image']:.1f}", spread, f"{row['images_per_s']:.2f}",
-                      f"{row['gflop_per_image']:.2f}", f"{row['achieved_gflop_per_s']:.1f}", peak,
-                      f"{psnr} ({'ok' if row['passes_gate'] else 'FAILS gate'})"])
-    echo_table(["backend", "precision", "provider", "size", "batch", "median ms/image", "min-max ms/image",
-                "images/s", "GFLOP/image", "GFLOP/s", "peak MB", "hole PSNR vs fp32 (dB)"], lines)
+        lines.append(
+            [
+                *head,
+                f"{row['median_ms_per_image']:.1f}",
+                spread,
+                f"{row['images_per_s']:.2f}",
+                f"{row['gflop_per_image']:.2f}",
+                f"{row['achieved_gflop_per_s']:.1f}",
+                peak,
+                f"{psnr} ({'ok' if row['passes_gate'] else 'FAILS gate'})",
+            ]
+        )
+    echo_table(
+        [
+            "backend",
+            "precision",
+            "provider",
+            "size",
+            "batch",
+            "median ms/image",
+            "min-max ms/image",
+            "images/s",
+            "GFLOP/image",
+            "GFLOP/s",
+            "peak MB",
+            "hole PSNR vs fp32 (dB)",
+        ],
+        lines,
+    )
     notes = sorted({row["note"] for row in result["rows"] if row.get("note")})
     for note in notes:
         click.echo(f"note: {note}")
     click.echo(f"peak MB: {result['peak_memory']}")
     click.echo("gates: fp32 max abs <= 1e-3 against eager fp32; fp16 >= 40 dB, bf16 and int8 >= 35 dB hole PSNR")
     for key, best in result.get("fastest_passing", {}).items():
-        click.echo(f"fastest path passing its gate ({key}): {best['path']} on {best['provider']}, "
-                   f"{best['median_ms_per_image']:.1f} ms/image")
+        click.echo(
+            f"fastest path passing its gate ({key}): {best['path']} on {best['provider']}, "
+            f"{best['median_ms_per_image']:.1f} ms/image"
+        )
     if result.get("blend_rows"):
-        echo_table(["post-processing", "strategy", "size", "hole", "model windows", "model ms", "blend ms",
-                    "blend / model"],
-                   [[row["blend"], row["strategy"], str(row["size"]), str(row["hole"]),
-                     ", ".join(f"{h}x{w}" for h, w in row["windows"]), f"{row['model_ms']:.1f}",
-                     f"{row['blend_ms']:.1f}", f"{row['blend_vs_model']:.1%}"] for row in result["blend_rows"]])
+        echo_table(
+            ["post-processing", "strategy", "size", "hole", "model windows", "model ms", "blend ms", "blend / model"],
+            [
+                [
+                    row["blend"],
+                    row["strategy"],
+                    str(row["size"]),
+                    str(row["hole"]),
+                    ", ".join(f"{h}x{w}" for h, w in row["windows"]),
+                    f"{row['model_ms']:.1f}",
+                    f"{row['blend_ms']:.1f}",
+                    f"{row['blend_vs_model']:.1%}",
+                ]
+                for row in result["blend_rows"]
+            ],
+        )
     goals = result["goals"]
     if "fastest_vs_torch_bf16_512_b1" in goals:
         g = goals["fastest_vs_torch_bf16_512_b1"]
-        click.echo(f"goal fastest passing path >= {g['goal']}x {g['baseline']} at 512 px, batch 1, CPU: "
-                   f"{g['fastest']} {g['fastest_ms']:.0f} ms vs {g['baseline_ms']:.0f} ms = {g['speedup']:.2f}x -> "
-                   f"{'met' if g['met'] else 'NOT met'}")
+        click.echo(
+            f"goal fastest passing path >= {g['goal']}x {g['baseline']} at 512 px, batch 1, CPU: "
+            f"{g['fastest']} {g['fastest_ms']:.0f} ms vs {g['baseline_ms']:.0f} ms = {g['speedup']:.2f}x -> "
+            f"{'met' if g['met'] else 'NOT met'}"
+        )
     if "ort_cpu_vs_eager_512_b1" in goals:
         g = goals["ort_cpu_vs_eager_512_b1"]
-        click.echo(f"goal ORT CPU >= 1.2x eager at 512 px, batch 1: {g['speedup']:.2f}x -> "
-                   f"{'met' if g['met'] else 'NOT met'}")
+        click.echo(
+            f"goal ORT CPU >= 1.2x eager at 512 px, batch 1: {g['speedup']:.2f}x -> {'met' if g['met'] else 'NOT met'}"
+        )
     if "end_to_end_outside_model" in goals:
         g = goals["end_to_end_outside_model"]
-        click.echo(f"goal <= 15% of the file loop outside the model ({g['images']} images of {g['size']} px, "
-                   f"strategy {g['strategy']}, blend {g['blend']}): {g['outside_model_fraction']:.1%} "
-                   f"(wall {g['wall_s']:.2f} s, model {g['model_run_s']:.2f} s) -> {'met' if g['met'] else 'NOT met'}")
+        click.echo(
+            f"goal <= 15% of the file loop outside the model ({g['images']} images of {g['size']} px, "
+            f"strategy {g['strategy']}, blend {g['blend']}): {g['outside_model_fraction']:.1%} "
+            f"(wall {g['wall_s']:.2f} s, model {g['model_run_s']:.2f} s) -> {'met' if g['met'] else 'NOT met'}"
+        )
     if "blend_vs_model_512" in goals:
         g = goals["blend_vs_model_512"]
-        click.echo(f"goal {g['blend']} blending <= 15% on top of the model at {g['size']} px "
-                   f"with a {g['hole']} px hole "
-                   f"(strategy full): {g['blend_vs_model']:.1%} ({g['blend_ms']:.1f} ms vs {g['model_ms']:.0f} ms) -> "
-                   f"{'met' if g['met'] else 'NOT met'}")
+        click.echo(
+            f"goal {g['blend']} blending <= 15% on top of the model at {g['size']} px "
+            f"with a {g['hole']} px hole "
+            f"(strategy full): {g['blend_vs_model']:.1%} ({g['blend_ms']:.1f} ms vs {g['model_ms']:.0f} ms) -> "
+            f"{'met' if g['met'] else 'NOT met'}"
+        )
     if "crop_2048_vs_256" in goals:
         g = goals["crop_2048_vs_256"]
-        click.echo(f"goal crop on {g['large']} px with one {g['hole']} px hole <= 2x a {g['small']} px image: "
-                   f"{g['ratio']:.2f}x ({g['large_crop_s'] * 1e3:.0f} ms vs {g['small_full_s'] * 1e3:.0f} ms) -> "
-                   f"{'met' if g['met'] else 'NOT met'}")
+        click.echo(
+            f"goal crop on {g['large']} px with one {g['hole']} px hole <= 2x a {g['small']} px image: "
+            f"{g['ratio']:.2f}x ({g['large_crop_s'] * 1e3:.0f} ms vs {g['small_full_s'] * 1e3:.0f} ms) -> "
+            f"{'met' if g['met'] else 'NOT met'}"
+        )
 
 
 def _bench_ray(model: str | None, as_json: bool, actors: int | None, address: str | None, options: dict) -> None:
@@ -208,20 +313,46 @@ def _bench_ray(model: str | None, as_json: bool, actors: int | None, address: st
 @bench.command("serve")
 @click.argument("model", required=False, metavar="[MODEL]")
 @click.option("--requests", default=200, show_default=True, type=click.IntRange(min=1), help="Requests in all.")
-@click.option("--concurrency", default=8, show_default=True, type=click.IntRange(min=1),
-              help="Client threads, each with one keep-alive connection.")
+@click.option(
+    "--concurrency",
+    default=8,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Client threads, each with one keep-alive connection.",
+)
 @click.option("--size", default=512, show_default=True, type=click.IntRange(min=8), help="Square image size.")
 @click.option("--provider", type=click.Choice(PROVIDERS), default=DEFAULT_PROVIDER, show_default=True)
 @click.option("--backend", type=click.Choice(BACKEND_CHOICES), default=DEFAULT_BACKEND, show_default=True)
 @click.option("--precision", type=click.Choice(PRECISIONS), default=DEFAULT_PRECISION, show_default=True)
-@click.option("--max-batch", type=click.IntRange(min=1), default=DEFAULT_SERVE_MAX_BATCH, show_default=True,
-              help="The server's --max-batch.")
-@click.option("--batch-wait-ms", type=click.FloatRange(min=0), default=DEFAULT_SERVE_BATCH_WAIT_MS,
-              show_default=True, help="The server's --batch-wait-ms.")
-@click.option("--baseline-images", default=16, show_default=True, type=click.IntRange(min=1),
-              help="Images for the in-process Inpainter throughput.")
-@click.option("--timeout", "timeout_s", default=1800.0, show_default=True, type=click.FloatRange(min=1),
-              help="Seconds for the whole run; no request starts after it.")
+@click.option(
+    "--max-batch",
+    type=click.IntRange(min=1),
+    default=DEFAULT_SERVE_MAX_BATCH,
+    show_default=True,
+    help="The server's --max-batch.",
+)
+@click.option(
+    "--batch-wait-ms",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_SERVE_BATCH_WAIT_MS,
+    show_default=True,
+    help="The server's --batch-wait-ms.",
+)
+@click.option(
+    "--baseline-images",
+    default=16,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Images for the in-process Inpainter throughput.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    default=1800.0,
+    show_default=True,
+    type=click.FloatRange(min=1),
+    help="Seconds for the whole run; no request starts after it.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def bench_serve(model: str | None, as_json: bool, **options) -> None:
     """Latency percentiles, images/s, errors and server memory of `gantool serve`
@@ -241,29 +372,45 @@ def bench_serve(model: str | None, as_json: bool, **options) -> None:
         return "n/a" if value is None else f"{value:.0f}"
 
     lat, rss = result["latency_ms"], result["rss_mb"]
-    click.echo(f"serve benchmark: {result['model']} ({result['backend']} on {result['provider']}, "
-               f"{result['cpu_count']} CPUs); {result['requests']} requests of {result['size']} px from "
-               f"{result['concurrency']} clients; max batch {result['max_batch']}, wait {result['batch_wait_ms']:g} ms")
-    echo_table(["measure", "value"], [
-        ["requests ok / errors", f"{result['ok']} / {result['errors']}"],
-        ["latency p50 / p95 / p99 ms", f"{lat['p50']:.0f} / {lat['p95']:.0f} / {lat['p99']:.0f}"],
-        ["images/s, server", f"{result['server_images_per_s']:.2f}"],
-        [f"images/s, in-process Inpainter ({result['in_process_images']} images; mean of before / after)",
-         f"{result['in_process_images_per_s']:.2f} ("
-         + " / ".join(f"{v:.2f}" for v in result["in_process_images_per_s_before_after"]) + ")"],
-        ["server / in-process", f"{result['ratio']:.2f}x"],
-        ["images/s, in-process from PNG bytes to PNG bytes (the server's decode and encode)",
-         f"{result['in_process_png_images_per_s']:.2f}"],
-        ["server / in-process with PNG decode and encode", f"{result['ratio_to_png_in_process']:.2f}x"],
-        ["server RSS MB: ready / after 50 / after all", f"{mb(rss['ready'])} / {mb(rss['after_50'])} / "
-                                                       f"{mb(rss['after_all'])}"],
-    ])
+    click.echo(
+        f"serve benchmark: {result['model']} ({result['backend']} on {result['provider']}, "
+        f"{result['cpu_count']} CPUs); {result['requests']} requests of {result['size']} px from "
+        f"{result['concurrency']} clients; max batch {result['max_batch']}, wait {result['batch_wait_ms']:g} ms"
+    )
+    echo_table(
+        ["measure", "value"],
+        [
+            ["requests ok / errors", f"{result['ok']} / {result['errors']}"],
+            ["latency p50 / p95 / p99 ms", f"{lat['p50']:.0f} / {lat['p95']:.0f} / {lat['p99']:.0f}"],
+            ["images/s, server", f"{result['server_images_per_s']:.2f}"],
+            [
+                f"images/s, in-process Inpainter ({result['in_process_images']} images; mean of before / after)",
+                f"{result['in_process_images_per_s']:.2f} ("
+                + " / ".join(f"{v:.2f}" for v in result["in_process_images_per_s_before_after"])
+                + ")",
+            ],
+            ["server / in-process", f"{result['ratio']:.2f}x"],
+            [
+                "images/s, in-process from PNG bytes to PNG bytes (the server's decode and encode)",
+                f"{result['in_process_png_images_per_s']:.2f}",
+            ],
+            ["server / in-process with PNG decode and encode", f"{result['ratio_to_png_in_process']:.2f}x"],
+            [
+                "server RSS MB: ready / after 50 / after all",
+                f"{mb(rss['ready'])} / {mb(rss['after_50'])} / {mb(rss['after_all'])}",
+            ],
+        ],
+    )
     for example in result["error_examples"]:
         click.echo(f"error: {example}")
     goals = result["goals"]
-    click.echo(f"goal >= {goals['throughput']['goal']:.2f}x in-process images/s with 0 errors: "
-               f"{result['ratio']:.2f}x, {result['errors']} errors -> {'met' if goals['throughput']['met'] else 'NOT met'}")
+    click.echo(
+        f"goal >= {goals['throughput']['goal']:.2f}x in-process images/s with 0 errors: "
+        f"{result['ratio']:.2f}x, {result['errors']} errors -> {'met' if goals['throughput']['met'] else 'NOT met'}"
+    )
     growth = goals["rss_stable"]["growth"]
-    click.echo(f"goal server RSS after all requests within {goals['rss_stable']['goal']:.0%} of after 50: "
-               + ("n/a" if growth is None else f"{growth:+.1%}")
-               + f" -> {'met' if goals['rss_stable']['met'] else 'NOT met'}")
+    click.echo(
+        f"goal server RSS after all requests within {goals['rss_stable']['goal']:.0%} of after 50: "
+        + ("n/a" if growth is None else f"{growth:+.1%}")
+        + f" -> {'met' if goals['rss_stable']['met'] else 'NOT met'}"
+    )

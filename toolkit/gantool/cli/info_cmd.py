@@ -12,6 +12,7 @@ import click
 from gantool.errors import GantoolError, ModelError
 from gantool.provenance import find_machine_traces
 
+
 def _value(value: Any) -> str:
     return json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value)
 

@@ -26,38 +26,83 @@ def _parse_boxes(
 
 @click.command("inpaint")
 @click.argument("images", nargs=-1, required=True)
-@click.option("-m", "--mask", "mask", metavar="FILE|DIR",
-              help="Mask image (> 127 = hole) for all images, or a folder of masks matched by file stem.")
-@click.option("--box", "boxes", multiple=True, metavar="X,Y,W,H", callback=_parse_boxes,
-              help="A rectangular hole in pixels; repeat for several. Combined with --mask if both are given.")
-@click.option("--model", metavar="PATH",
-              help="Export folder or model file (.onnx, .pt2, .aoti.pt2, .torchscript.pt, .pt checkpoint, "
-              ".safetensors). "
-              "Default: the model in models/.")
-@click.option("-o", "--output", metavar="FILE|DIR",
-              help="Output folder (default: beside each input), or a .png file for a single image.")
+@click.option(
+    "-m",
+    "--mask",
+    "mask",
+    metavar="FILE|DIR",
+    help="Mask image (> 127 = hole) for all images, or a folder of masks matched by file stem.",
+)
+@click.option(
+    "--box",
+    "boxes",
+    multiple=True,
+    metavar="X,Y,W,H",
+    callback=_parse_boxes,
+    help="A rectangular hole in pixels; repeat for several. Combined with --mask if both are given.",
+)
+@click.option(
+    "--model",
+    metavar="PATH",
+    help="Export folder or model file (.onnx, .pt2, .aoti.pt2, .torchscript.pt, .pt checkpoint, "
+    ".safetensors). "
+    "Default: the model in models/.",
+)
+@click.option(
+    "-o",
+    "--output",
+    metavar="FILE|DIR",
+    help="Output folder (default: beside each input), or a .png file for a single image.",
+)
 @provider_option
 @backend_option
-@click.option("--batch-size", type=click.IntRange(min=1), default=DEFAULT_INPAINT_BATCH, show_default=True,
-              help="Same-size images run together, up to this many.")
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=DEFAULT_INPAINT_BATCH,
+    show_default=True,
+    help="Same-size images run together, up to this many.",
+)
 @strategy_option
-@click.option("--crop-margin", type=click.IntRange(min=0), default=None,
-              help="Context in pixels around each hole for --strategy crop (default: train size / 4).")
+@click.option(
+    "--crop-margin",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Context in pixels around each hole for --strategy crop (default: train size / 4).",
+)
 @blend_option
 @precision_option
 @click.option("--overwrite", is_flag=True, help="Replace existing outputs (inputs are never replaced).")
-@click.option("--ray", "use_ray", is_flag=True,
-              help='Run on a Ray cluster (Ray Data actor pool); needs pip install "gantool[ray]". '
-              "Re-running skips inputs whose output exists.")
-@click.option("--ray-address", metavar="ADDR",
-              help="With --ray: connect to this cluster (e.g. HEAD_IP:6379 or auto). Default: start a local one.")
-@click.option("--actors", type=click.IntRange(min=1), default=None,
-              help="With --ray: model copies (actors). Default: one per GPU, or one per node on CPUs.")
-@click.option("--gpus-per-actor", type=click.FloatRange(min=0), default=None,
-              help="With --ray: GPUs each actor reserves (0.5 = two per GPU). Default: 1 with cuda/tensorrt "
-              "or with auto on a cluster with GPUs, else 0.")
-@click.option("--manifest", metavar="FILE",
-              help=f"With --ray: the JSON-lines record of the run. Default: <output folder>/{RAY_MANIFEST_NAME}.")
+@click.option(
+    "--ray",
+    "use_ray",
+    is_flag=True,
+    help='Run on a Ray cluster (Ray Data actor pool); needs pip install "gantool[ray]". '
+    "Re-running skips inputs whose output exists.",
+)
+@click.option(
+    "--ray-address",
+    metavar="ADDR",
+    help="With --ray: connect to this cluster (e.g. HEAD_IP:6379 or auto). Default: start a local one.",
+)
+@click.option(
+    "--actors",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --ray: model copies (actors). Default: one per GPU, or one per node on CPUs.",
+)
+@click.option(
+    "--gpus-per-actor",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="With --ray: GPUs each actor reserves (0.5 = two per GPU). Default: 1 with cuda/tensorrt "
+    "or with auto on a cluster with GPUs, else 0.",
+)
+@click.option(
+    "--manifest",
+    metavar="FILE",
+    help=f"With --ray: the JSON-lines record of the run. Default: <output folder>/{RAY_MANIFEST_NAME}.",
+)
 def inpaint(
     images: tuple[str, ...],
     mask: str | None,
