@@ -39,7 +39,7 @@ from typing import Any
 from gantool import __version__
 from gantool.checkpoint import load_checkpoint
 from gantool.errors import GantoolError, InputError, first_line
-from gantool.fileio import atomic_write_text, pid_alive
+from gantool.fileio import atomic_write_text, ensure_writable_dir, pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -146,12 +146,7 @@ def claim_run_folder(plan: RunPlan, now: datetime | None = None) -> Path:
     else:
         folder = plan.folder
         _check_new_folder(folder)
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except FileExistsError:
-            raise InputError(f"output path exists and is not a folder: {folder}") from None
-        except OSError as e:
-            raise InputError(f"cannot create output folder {folder}: {e.strerror or e}") from None
+        ensure_writable_dir(folder)
     record = {
         "format": RUN_FORMAT,
         "version": 1,

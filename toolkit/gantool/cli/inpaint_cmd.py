@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
@@ -148,7 +148,7 @@ def inpaint(
         return
     from tqdm import tqdm
 
-    from gantool.pipeline import FileResult, ImageJob, run_inpaint  # delayed: imports numpy, onnxruntime
+    from gantool.pipeline import ImageJob, run_inpaint  # delayed: imports numpy, onnxruntime
     from gantool.runtime import Backend
 
     with tqdm(total=0, unit="img", file=sys.stderr, disable=None, leave=False) as bar:
@@ -160,12 +160,7 @@ def inpaint(
             )
             bar.reset(total=len(jobs))
 
-        def on_result(result: FileResult) -> None:
-            if not result.ok:
-                bar.write(f"failed: {result.error}", file=sys.stderr)
-            elif result.no_hole:
-                bar.write(f"skipped: {result.source}: the mask has no hole", file=sys.stderr)
-            bar.update(1)
+        on_result = _reporter(bar)
 
         summary = run_inpaint(
             images, model=model, provider=provider, backend_name=backend, precision=precision, mask=mask,
@@ -179,10 +174,22 @@ def inpaint(
         click.get_current_context().exit(1)
 
 
+def _reporter(bar: Any) -> Callable[[Any], None]:
+    """Per-file lines (failed, skipped) above the progress bar, and its count."""
+
+    def on_result(result: Any) -> None:  # a gantool.pipeline.FileResult
+        if not result.ok:
+            bar.write(f"failed: {result.error}", file=sys.stderr)
+        elif result.no_hole:
+            bar.write(f"skipped: {result.source}: the mask has no hole", file=sys.stderr)
+        bar.update(1)
+
+    return on_result
+
+
 def _inpaint_on_ray(images: tuple[str, ...], **options: Any) -> None:
     from tqdm import tqdm
 
-    from gantool.pipeline import FileResult  # delayed: imports numpy
     from gantool.ray_inpaint import RayPlan, ray_inpaint
 
     with tqdm(total=0, unit="img", file=sys.stderr, disable=None, leave=False) as bar:
@@ -194,12 +201,7 @@ def _inpaint_on_ray(images: tuple[str, ...], **options: Any) -> None:
                 click.echo(f"skipping {len(plan.skipped)} input(s) whose output exists (use --overwrite to redo them)")
             bar.reset(total=len(plan.jobs))
 
-        def on_result(result: FileResult) -> None:
-            if not result.ok:
-                bar.write(f"failed: {result.error}", file=sys.stderr)
-            elif result.no_hole:
-                bar.write(f"skipped: {result.source}: the mask has no hole", file=sys.stderr)
-            bar.update(1)
+        on_result = _reporter(bar)
 
         summary = ray_inpaint(images, on_start=on_start, on_result=on_result, **options)
     click.echo(summary.line())
