@@ -6,20 +6,19 @@ import json
 
 import click
 
+from gantool.cli.options import (
+    backend_option,
+    batch_wait_option,
+    max_batch_option,
+    precision_option,
+    provider_option,
+)
 from gantool.config import BENCH_TRAIN_BATCH, TrainConfig
 from gantool.constants import (
-    BACKEND_CHOICES,
     BENCH_INPAINT_PATHS,
     BLEND_MODES,
-    DEFAULT_BACKEND,
     DEFAULT_BLEND,
-    DEFAULT_PRECISION,
-    DEFAULT_PROVIDER,
-    DEFAULT_SERVE_BATCH_WAIT_MS,
-    DEFAULT_SERVE_MAX_BATCH,
     DEFAULT_STRATEGY,
-    PRECISIONS,
-    PROVIDERS,
     STRATEGIES,
 )
 
@@ -321,23 +320,11 @@ def _bench_ray(model: str | None, as_json: bool, actors: int | None, address: st
     help="Client threads, each with one keep-alive connection.",
 )
 @click.option("--size", default=512, show_default=True, type=click.IntRange(min=8), help="Square image size.")
-@click.option("--provider", type=click.Choice(PROVIDERS), default=DEFAULT_PROVIDER, show_default=True)
-@click.option("--backend", type=click.Choice(BACKEND_CHOICES), default=DEFAULT_BACKEND, show_default=True)
-@click.option("--precision", type=click.Choice(PRECISIONS), default=DEFAULT_PRECISION, show_default=True)
-@click.option(
-    "--max-batch",
-    type=click.IntRange(min=1),
-    default=DEFAULT_SERVE_MAX_BATCH,
-    show_default=True,
-    help="The server's --max-batch.",
-)
-@click.option(
-    "--batch-wait-ms",
-    type=click.FloatRange(min=0),
-    default=DEFAULT_SERVE_BATCH_WAIT_MS,
-    show_default=True,
-    help="The server's --batch-wait-ms.",
-)
+@provider_option
+@backend_option
+@precision_option
+@max_batch_option
+@batch_wait_option
 @click.option(
     "--baseline-images",
     default=16,

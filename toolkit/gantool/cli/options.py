@@ -15,6 +15,8 @@ from gantool.constants import (
     DEFAULT_BLEND,
     DEFAULT_PRECISION,
     DEFAULT_PROVIDER,
+    DEFAULT_SERVE_BATCH_WAIT_MS,
+    DEFAULT_SERVE_MAX_BATCH,
     DEFAULT_STRATEGY,
     PRECISIONS,
     PROVIDERS,
@@ -70,4 +72,18 @@ strategy_option = click.option(
 )
 blend_option = click.option(
     "--blend", type=click.Choice(BLEND_MODES), default=DEFAULT_BLEND, show_default=True, help=BLEND_HELP
+)
+max_batch_option = click.option(
+    "--max-batch",
+    type=click.IntRange(min=1),
+    default=DEFAULT_SERVE_MAX_BATCH,
+    show_default=True,
+    help="Requests run together, at most this many.",
+)
+batch_wait_option = click.option(
+    "--batch-wait-ms",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_SERVE_BATCH_WAIT_MS,
+    show_default=True,
+    help="How long the first request waits for others to batch with.",
 )

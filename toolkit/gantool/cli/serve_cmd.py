@@ -6,11 +6,17 @@ import importlib.util
 
 import click
 
-from gantool.cli.options import backend_option, blend_option, precision_option, provider_option, strategy_option
+from gantool.cli.options import (
+    backend_option,
+    batch_wait_option,
+    blend_option,
+    max_batch_option,
+    precision_option,
+    provider_option,
+    strategy_option,
+)
 from gantool.constants import (
-    DEFAULT_SERVE_BATCH_WAIT_MS,
     DEFAULT_SERVE_HOST,
-    DEFAULT_SERVE_MAX_BATCH,
     DEFAULT_SERVE_MAX_PIXELS,
     DEFAULT_SERVE_MAX_QUEUE,
     DEFAULT_SERVE_MAX_UPLOAD_MB,
@@ -52,20 +58,8 @@ def missing_serve_packages() -> list[str]:
 @precision_option
 @strategy_option
 @blend_option
-@click.option(
-    "--max-batch",
-    type=click.IntRange(min=1),
-    default=DEFAULT_SERVE_MAX_BATCH,
-    show_default=True,
-    help="Requests run together, at most this many.",
-)
-@click.option(
-    "--batch-wait-ms",
-    type=click.FloatRange(min=0),
-    default=DEFAULT_SERVE_BATCH_WAIT_MS,
-    show_default=True,
-    help="How long the first request waits for others to batch with.",
-)
+@max_batch_option
+@batch_wait_option
 @click.option(
     "--max-queue",
     type=click.IntRange(min=1),
