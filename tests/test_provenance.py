@@ -5,6 +5,7 @@ scrubbers on foreign files, and ``gantool info``'s warning."""
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 import struct
 import subprocess
@@ -273,3 +274,16 @@ def test_redact_paths_keeps_only_the_last_part():
     assert "/usr/lib" not in redacted and "/home/eve" not in redacted
     assert "<path>/libcudnn.so" in redacted and "<path>/log.txt" in redacted
     assert redact_paths("plain words, a/b relative") == "plain words, a/b relative"
+
+
+def test_scanner_finds_pickled_paths_under_any_root(tmp_path):
+    # A path in a pickle is followed by an opcode byte ("activation.py" + BINPUT "q"), and the
+    # checkout may live anywhere (CI builds under /check/...). Found before: only under /work, /tmp...
+    path = "/check/work/main/.ci-venv/lib/python3.11/site-packages/torch/nn/modules/activation.py"
+    archive = tmp_path / "model.pt"
+    with zipfile.ZipFile(archive, "w") as out:
+        out.writestr("model/code/__torch__/m.py.debug_pkl", pickle.dumps(("FORMAT", (path, 3)), protocol=2))
+        out.writestr("model/data.pkl", pickle.dumps({"note": "no path here"}, protocol=2))
+    traces = find_machine_traces(archive)
+    assert len(traces) == 1 and "archive entries *.debug_pkl: absolute path" in traces[0], traces
+    assert "activation.py" in traces[0]

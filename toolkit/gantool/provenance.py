@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import pickletools
 import re
 import struct
 import zipfile
@@ -178,10 +179,29 @@ def _zip_traces(path: Path) -> list[str]:
                     continue
                 inner = info.filename.split("/", 1)[-1]  # without the archive's root folder
                 where = "archive entries *.debug_pkl" if inner.endswith(".debug_pkl") else f"archive entry {inner}"
-                _record(findings, where, archive.read(info).decode("latin-1"))
+                for text in _entry_texts(inner, archive.read(info)):
+                    _record(findings, where, text)
     except (zipfile.BadZipFile, OSError, EOFError) as e:
         raise ModelError(f"{path} is not a readable zip archive ({first_line(e)})") from None
     return _describe(findings, "entry")
+
+
+def _entry_texts(name: str, data: bytes) -> Iterator[str]:
+    """The text of one archive entry: each string of a pickle, else the bytes as latin-1.
+
+    A pickled string sits between binary opcodes, so scanning raw bytes would
+    glue a path to the next opcode ("activation.py" + BINPUT "q"); pickletools
+    walks the opcodes without running anything.
+    """
+    if name.endswith((".pkl", ".debug_pkl")):
+        try:
+            strings = [arg for _, arg, _ in pickletools.genops(data) if isinstance(arg, (str, bytes))]
+        except Exception:  # a damaged or foreign pickle: fall back to the raw bytes
+            pass
+        else:
+            yield from (s if isinstance(s, str) else s.decode("latin-1") for s in strings)
+            return
+    yield data.decode("latin-1")
 
 
 def strip_torchscript_debug_info(path: str | Path, root: str | None = None) -> int:
