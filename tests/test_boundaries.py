@@ -245,3 +245,26 @@ def test_full_strategy_fills_the_hole_with_the_model_output_at_the_right_place(
     expected = np.clip(np.rint(raw[0].transpose(1, 2, 0) * 255), 0, 255).astype(np.uint8)
     expected = expected[top : top + height, left : left + width]
     assert np.abs(out[hole].astype(int) - expected[hole].astype(int)).max() <= 1
+
+
+@pytest.mark.parametrize("mode", ["RGB", "RGBA", "L"])
+def test_save_png_is_lossless_and_uses_the_fast_zlib_strategy(tmp_path, mode):
+    # The one PNG writer of the CLI and the service: exact pixels back, whatever the zlib strategy.
+    import io
+
+    from gantool.processing import save_png
+
+    rng = np.random.default_rng(3)
+    channels = {"RGB": 3, "RGBA": 4, "L": 1}[mode]
+    pixels = rng.integers(0, 256, (37, 53, channels), dtype=np.uint8).squeeze()
+    smooth = np.repeat(np.arange(53, dtype=np.uint8)[None, :], 37, axis=0)
+    pixels[:20] = smooth[:20, :, None] if channels > 1 else smooth[:20]  # rows zlib can shrink, rows it cannot
+    buffer = io.BytesIO()
+    save_png(Image.fromarray(pixels, mode), buffer)
+    path = tmp_path / "out.png"
+    save_png(Image.fromarray(pixels, mode), path)
+    for source in (io.BytesIO(buffer.getvalue()), path):
+        with Image.open(source) as img:
+            assert img.format == "PNG" and img.mode == mode
+            assert np.array_equal(np.asarray(img), pixels)
+    assert path.read_bytes() == buffer.getvalue()

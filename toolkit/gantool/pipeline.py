@@ -41,11 +41,11 @@ from gantool.fileio import atomic_save
 from gantool.inference import boxes_to_mask, check_mask_size, inpaint_images
 from gantool.processing import (
     IMAGE_EXTENSIONS,
-    PNG_COMPRESS_LEVEL,
     alpha_hole_mask,
     check_blend,
     mask_to_array,
     read_image,
+    save_png,
 )
 from gantool.runtime import Backend, load_backend
 
@@ -330,7 +330,7 @@ def write_output(job: ImageJob, image: Image.Image, overwrite: bool) -> None:
     """The result as PNG at ``job.output``, atomically."""
     atomic_save(
         job.output,
-        lambda tmp: image.save(tmp, format="PNG", compress_level=PNG_COMPRESS_LEVEL),
+        lambda tmp: save_png(image, tmp),
         overwrite=overwrite,
     )
 

@@ -34,6 +34,9 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 # zlib level for PNG outputs: level 1 encodes a 512 px photo about 6x faster than
 # Pillow's default 6 (18 ms vs 109 ms here) for files about 10% larger.
 PNG_COMPRESS_LEVEL = 1
+# zlib's Z_RLE strategy after Pillow's per-row filters: on a 512 px photo here 22 ms and
+# 422 kB against 28 ms and 466 kB for the default strategy (noisy images: 27 vs 37 ms).
+PNG_ZLIB_STRATEGY = 3
 MASK_CONVENTION = (
     "1 = hole (mask pixel > half its range, 127 for 8-bit; a mask image whose maximum is 1 is 0/1); 0 = known"
 )
@@ -60,6 +63,11 @@ def processing_contract(config: ModelConfig) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- reading
+
+
+def save_png(image: Image.Image, target: Any) -> None:
+    """``image`` as PNG into ``target`` (a path or a binary file): lossless, encoded for speed."""
+    image.save(target, format="PNG", compress_level=PNG_COMPRESS_LEVEL, compress_type=PNG_ZLIB_STRATEGY)
 
 
 def read_image(

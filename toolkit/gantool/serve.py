@@ -70,7 +70,7 @@ from gantool.inference import (
     load_mask,
     parse_box,
 )
-from gantool.processing import PNG_COMPRESS_LEVEL, read_image
+from gantool.processing import read_image, save_png
 
 if TYPE_CHECKING:
     from gantool.runtime import Backend
@@ -331,14 +331,14 @@ def decode_request(
 
 
 def encode_image(image: Image.Image, fmt: str) -> bytes:
-    """PNG (zlib level 1, as ``gantool inpaint`` writes) or lossless WebP."""
+    """PNG (as ``gantool inpaint`` writes, :func:`gantool.processing.save_png`) or lossless WebP."""
     buffer = io.BytesIO()
     if fmt == "webp":
         if image.mode == "I;16":
             raise InputError("WebP cannot hold a 16-bit image: ask for format=png")
         image.save(buffer, format="WEBP", lossless=True, exact=True)
     else:
-        image.save(buffer, format="PNG", compress_level=PNG_COMPRESS_LEVEL)
+        save_png(image, buffer)
     return buffer.getvalue()
 
 
