@@ -247,24 +247,31 @@ def test_full_strategy_fills_the_hole_with_the_model_output_at_the_right_place(
     assert np.abs(out[hole].astype(int) - expected[hole].astype(int)).max() <= 1
 
 
-@pytest.mark.parametrize("mode", ["RGB", "RGBA", "L"])
-def test_save_png_is_lossless_and_uses_the_fast_zlib_strategy(tmp_path, mode):
-    # The one PNG writer of the CLI and the service: exact pixels back, whatever the zlib strategy.
+@pytest.mark.parametrize("mode", ["RGB", "RGBA", "L", "I;16", "LA"])
+def test_save_png_is_lossless_for_every_mode(tmp_path, mode):
+    # The one PNG writer of the CLI, Ray and the service: libpng (OpenCV) for the output modes,
+    # Pillow for the rest. Exact pixels back, the same mode, the same bytes to a path or a file.
     import io
 
     from gantool.processing import save_png
 
     rng = np.random.default_rng(3)
-    channels = {"RGB": 3, "RGBA": 4, "L": 1}[mode]
-    pixels = rng.integers(0, 256, (37, 53, channels), dtype=np.uint8).squeeze()
-    smooth = np.repeat(np.arange(53, dtype=np.uint8)[None, :], 37, axis=0)
-    pixels[:20] = smooth[:20, :, None] if channels > 1 else smooth[:20]  # rows zlib can shrink, rows it cannot
+    if mode == "I;16":
+        pixels = rng.integers(0, 65536, (37, 53), dtype=np.uint16)
+        pixels[:20] = np.arange(53, dtype=np.uint16) * 1000  # rows zlib can shrink, rows it cannot
+        image = Image.fromarray(pixels)  # mode I;16
+    else:
+        channels = {"RGB": 3, "RGBA": 4, "L": 1, "LA": 2}[mode]
+        pixels = rng.integers(0, 256, (37, 53, channels), dtype=np.uint8)
+        pixels[:20] = np.arange(53, dtype=np.uint8)[None, :, None]
+        pixels = pixels.squeeze(axis=2) if channels == 1 else pixels
+        image = Image.fromarray(pixels, mode)
     buffer = io.BytesIO()
-    save_png(Image.fromarray(pixels, mode), buffer)
+    save_png(image, buffer)
     path = tmp_path / "out.png"
-    save_png(Image.fromarray(pixels, mode), path)
-    for source in (io.BytesIO(buffer.getvalue()), path):
-        with Image.open(source) as img:
-            assert img.format == "PNG" and img.mode == mode
-            assert np.array_equal(np.asarray(img), pixels)
+    save_png(image, path)
     assert path.read_bytes() == buffer.getvalue()
+    with Image.open(path) as img:
+        assert img.format == "PNG"
+        assert np.array_equal(np.asarray(img).astype(pixels.dtype), pixels)
+        assert img.mode == mode or (mode == "I;16" and img.mode in ("I", "I;16"))

@@ -98,45 +98,19 @@ def choose_strategy(strategy: str, height: int, width: int, train_size: int) -> 
 
 
 def hole_boxes(mask: np.ndarray) -> list[tuple[int, int, int, int]]:
-    """Bounding boxes (top, left, bottom, right; exclusive) of the 8-connected holes.
-
-    Row runs of hole pixels are joined with a union-find when they touch a run
-    in the row above, so no image-processing dependency is needed.
-    """
+    """Bounding boxes (top, left, bottom, right; exclusive) of the 8-connected holes,
+    sorted (OpenCV's connected components)."""
     hole = np.asarray(mask) > 0.5
     if not hole.any():
         return []
-    height = hole.shape[0]
-    edges = np.diff(np.pad(hole.astype(np.int8), ((0, 0), (1, 1))), axis=1)
-    rows, starts = np.nonzero(edges == 1)
-    _, ends = np.nonzero(edges == -1)  # exclusive; row-major order matches ``starts``
-    parent = list(range(len(rows)))
+    import cv2  # a core dependency; imported here to keep `import gantool` light
 
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    first_run = np.searchsorted(rows, np.arange(height + 1))
-    for row in range(1, height):
-        i, i_end = int(first_run[row - 1]), int(first_run[row])
-        j, j_end = i_end, int(first_run[row + 1])
-        while i < i_end and j < j_end:
-            if starts[i] <= ends[j] and starts[j] <= ends[i]:  # touching, diagonals included
-                parent[find(j)] = find(i)
-            if ends[i] < ends[j]:
-                i += 1
-            else:
-                j += 1
-
-    boxes: dict[int, list[int]] = {}
-    for k in range(len(rows)):
-        r, s, e = int(rows[k]), int(starts[k]), int(ends[k])
-        box = boxes.setdefault(find(k), [r, s, r + 1, e])
-        box[0], box[1] = min(box[0], r), min(box[1], s)
-        box[2], box[3] = max(box[2], r + 1), max(box[3], e)
-    return sorted(tuple(b) for b in boxes.values())  # type: ignore[misc]
+    count, _, stats, _ = cv2.connectedComponentsWithStats(hole.view(np.uint8), connectivity=8)
+    boxes = (
+        (int(top), int(left), int(top + height), int(left + width))
+        for left, top, width, height, _ in stats[1:count]  # label 0 is the background
+    )
+    return sorted(boxes)
 
 
 def _span(lo: int, hi: int, min_length: int, limit: int) -> tuple[int, int]:
@@ -287,6 +261,46 @@ def inpaint_arrays(
     return results
 
 
+ModelFills = list[tuple[Window, np.ndarray]]  # one image's windows and the model's output for each
+
+
+def _image_window_pixels(image: Image.Image) -> WindowPixels:
+    return lambda w: image_to_array(image.crop((w.left, w.top, w.left + w.width, w.top + w.height)))
+
+
+def fill_images(
+    backend: Backend,
+    items: Sequence[tuple[Image.Image, np.ndarray]],
+    strategy: str = DEFAULT_STRATEGY,
+    batch_size: int = DEFAULT_INPAINT_BATCH,
+    crop_margin: int | None = None,
+) -> list[ModelFills]:
+    """The model step of :func:`inpaint_images`: for each (image, H x W mask), its
+    windows and the model's float output for each, neither blended nor composited.
+    :func:`finish_image` turns one into the result, on any thread."""
+    for image, mask in items:
+        check_mask_size(mask, image, "mask", "image")
+    sources = [(_image_window_pixels(image), mask) for image, mask in items]
+    return _fill_windows(backend, sources, strategy, batch_size, crop_margin, "none")
+
+
+def finish_image(image: Image.Image, mask: np.ndarray, fills: ModelFills, blend: str = DEFAULT_BLEND) -> Image.Image:
+    """The step after the model: each window's output post-processed by ``blend``
+    (BLEND_MODES), then written into the holes of a copy of ``image``. The result
+    has the input's size and its family's mode (RGB, L or 16-bit I;16); known
+    pixels are copied from the decoded input unchanged."""
+    check_blend(blend)
+    pixels = _image_window_pixels(image)
+    mode = output_mode(image)
+    known = np.array(image_to_output_array(image), copy=True)
+    for window, filled in fills:
+        if blend != "none":
+            filled = blend_output(pixels(window), filled, mask[window.region], blend)
+        region = known[window.region]
+        region[...] = paste_holes(region, float_to_output_array(filled, mode), mask[window.region])
+    return output_array_to_image(known, mode)
+
+
 def inpaint_images(
     backend: Backend,
     items: Sequence[tuple[Image.Image, np.ndarray]],
@@ -295,26 +309,11 @@ def inpaint_images(
     crop_margin: int | None = None,
     blend: str = DEFAULT_BLEND,
 ) -> list[Image.Image]:
-    """Inpaint PIL images (H x W masks, 1 = hole). Each result has the input's size
-    and its family's mode (RGB, L or 16-bit I;16); known pixels are copied from
-    the decoded input unchanged. ``blend``: the post-processing (BLEND_MODES)."""
+    """Inpaint PIL images (H x W masks, 1 = hole): :func:`fill_images`, then
+    :func:`finish_image` for each. ``blend``: the post-processing (BLEND_MODES)."""
     check_blend(blend)
-
-    def window_pixels(image: Image.Image) -> WindowPixels:
-        return lambda w: image_to_array(image.crop((w.left, w.top, w.left + w.width, w.top + w.height)))
-
-    for image, mask in items:
-        check_mask_size(mask, image, "mask", "image")
-    sources = [(window_pixels(image), mask) for image, mask in items]
-    outputs = []
-    for (image, mask), fills in zip(items, _fill_windows(backend, sources, strategy, batch_size, crop_margin, blend)):
-        mode = output_mode(image)
-        known = np.array(image_to_output_array(image), copy=True)
-        for window, filled in fills:
-            region = known[window.region]
-            region[...] = paste_holes(region, float_to_output_array(filled, mode), mask[window.region])
-        outputs.append(output_array_to_image(known, mode))
-    return outputs
+    fills = fill_images(backend, items, strategy, batch_size, crop_margin)
+    return [finish_image(image, mask, image_fills, blend) for (image, mask), image_fills in zip(items, fills)]
 
 
 # ------------------------------------------------------------------------------- masks

@@ -3,7 +3,10 @@
 - :func:`build_app` makes the FastAPI app around one opened :class:`gantool.Inpainter`;
 - :class:`Batcher` runs the model on one worker thread, never on the event loop:
   requests that arrive within ``batch_wait_ms`` of the first are run together
-  (same-size model inputs as one batch, by :func:`gantool.inference.inpaint_images`);
+  (same-size model inputs as one batch, by :func:`gantool.inference.fill_images`);
+  each request then finishes its own image (blend, known pixels:
+  :func:`~gantool.inference.finish_image`) and encodes it on a worker thread, so
+  the model thread runs nothing but the model;
 - :class:`_Guard` (ASGI middleware) answers before any body is read: 401 without
   the API key, 413 for a declared or streamed body over the limit, 503 with
   ``Retry-After`` when ``max_queue`` inpaint requests are already inside.
@@ -65,7 +68,10 @@ from gantool.errors import (
 )
 from gantool.inference import (
     Inpainter,
+    ModelFills,
     boxes_to_mask,
+    fill_images,
+    finish_image,
     inpaint_images,
     load_mask,
     parse_box,
@@ -146,8 +152,7 @@ class _Job:
     image: Image.Image
     mask: np.ndarray
     strategy: str
-    blend: str
-    future: Future[Image.Image]
+    future: Future[ModelFills]
 
 
 class Batcher:
@@ -156,8 +161,9 @@ class Batcher:
     The thread first runs a warm-up inference (then :attr:`ready` is set). It
     then takes the oldest job, collects the jobs that arrive within ``wait_s``
     (up to ``max_batch``) and runs them through
-    :func:`gantool.inference.inpaint_images`, which batches same-size model
+    :func:`gantool.inference.fill_images`, which batches same-size model
     inputs. One bad job does not fail its batch: the batch is retried job by job.
+    Blending and compositing are the caller's (:func:`finish_and_encode`).
     """
 
     def __init__(
@@ -196,9 +202,14 @@ class Batcher:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
-    def submit(self, image: Image.Image, mask: np.ndarray, strategy: str, blend: str) -> Future[Image.Image]:
-        """Queue one image; raises :class:`QueueFullError` when ``max_queue`` jobs wait."""
-        job = _Job(image, mask, strategy, blend, Future())
+    def submit(self, image: Image.Image, mask: np.ndarray, strategy: str) -> Future[ModelFills]:
+        """Queue one image for the model; raises :class:`QueueFullError` when ``max_queue`` jobs wait.
+
+        The future holds the model's output (:func:`gantool.inference.fill_images`):
+        the caller finishes it (blend, known pixels) on its own thread, so this
+        thread only runs the model.
+        """
+        job = _Job(image, mask, strategy, Future())
         with self._lock:
             if self._queued >= self.max_queue:
                 raise QueueFullError(f"the server is busy ({self._queued} images queued); retry shortly")
@@ -260,32 +271,20 @@ class Batcher:
     def _run(self, batch: Sequence[_Job]) -> None:
         # A cancelled future is a request whose client went away: skip its work.
         live = [job for job in batch if job.future.set_running_or_notify_cancel()]
-        by_options: dict[tuple[str, str], list[_Job]] = {}
+        by_strategy: dict[str, list[_Job]] = {}
         for job in live:
-            by_options.setdefault((job.strategy, job.blend), []).append(job)
-        for (strategy, blend), jobs in by_options.items():
+            by_strategy.setdefault(job.strategy, []).append(job)
+        for strategy, jobs in by_strategy.items():
             try:
-                results: list[Image.Image] | None = inpaint_images(
-                    self.backend,
-                    [(j.image, j.mask) for j in jobs],
-                    strategy,
-                    self.max_batch,
-                    self.crop_margin,
-                    blend,
+                results: list[ModelFills] | None = fill_images(
+                    self.backend, [(j.image, j.mask) for j in jobs], strategy, self.max_batch, self.crop_margin
                 )
             except Exception:  # retried one by one below, so one bad job fails alone
                 results = None
             for index, job in enumerate(jobs):
                 try:
                     if results is None:
-                        result = inpaint_images(
-                            self.backend,
-                            [(job.image, job.mask)],
-                            strategy,
-                            1,
-                            self.crop_margin,
-                            blend,
-                        )[0]
+                        result = fill_images(self.backend, [(job.image, job.mask)], strategy, 1, self.crop_margin)[0]
                     else:
                         result = results[index]
                 except Exception as e:  # the worker thread must survive any job; the request gets the error
@@ -328,6 +327,11 @@ def decode_request(
     except Exception as e:  # a decoder's own error on a malformed upload is still bad input
         raise InputError(f"cannot decode the upload: {first_line(e)}") from None
     return image, (np.maximum.reduce(parts) if len(parts) > 1 else parts[0])
+
+
+def finish_and_encode(image: Image.Image, mask: np.ndarray, fills: ModelFills, blend: str, fmt: str) -> bytes:
+    """The answer's bytes: the model's output finished (blend, known pixels) and encoded."""
+    return encode_image(finish_image(image, mask, fills, blend), fmt)
 
 
 def encode_image(image: Image.Image, fmt: str) -> bytes:
@@ -621,8 +625,9 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
             boxes or [],
             settings.max_pixels,
         )
-        result = await asyncio.wrap_future(batcher.submit(decoded, holes, strategy, blend))
-        body = await run_in_threadpool(encode_image, result, output_format)
+        fills = await asyncio.wrap_future(batcher.submit(decoded, holes, strategy))
+        # Blending and encoding run here, beside the model thread's next batch.
+        body = await run_in_threadpool(finish_and_encode, decoded, holes, fills, blend, output_format)
         return Response(body, media_type=MEDIA_TYPES[output_format])
 
     @app.get("/v1/model", summary="The model that runs")
