@@ -22,6 +22,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from conftest import TINY_CONFIG, random_generator
+from gantool import pipeline, processing
 from gantool.checkpoint import load_checkpoint, save_checkpoint
 from gantool.cli import cli
 from gantool.errors import InputError
@@ -114,14 +115,14 @@ def test_inpaint_output_failing_half_way_keeps_the_previous_output(
     output = tmp_path / "photo.inpainted.png"
     output.write_bytes(b"the user's earlier result")  # any earlier bytes must survive
     before = snapshot(tmp_path)
-    real_save = Image.Image.save
+    real_save_png = processing.save_png
 
-    def failing_save(self, fp, format=None, **params) -> None:
+    def failing_save_png(image, target) -> None:  # the one PNG writer, failing half-way
         buffer = io.BytesIO()
-        real_save(self, buffer, format=format or "PNG", **params)
-        half_then_fail(buffer.getvalue(), fp)
+        real_save_png(image, buffer)
+        half_then_fail(buffer.getvalue(), target)
 
-    monkeypatch.setattr(Image.Image, "save", failing_save)
+    monkeypatch.setattr(pipeline, "save_png", failing_save_png)
     result = CliRunner().invoke(cli, [*args, "--overwrite"])
     monkeypatch.undo()
     assert result.exit_code != 0 and "No space left on device" in result.output, result.output

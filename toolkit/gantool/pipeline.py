@@ -38,7 +38,7 @@ from gantool.constants import (
 )
 from gantool.errors import GantoolError, InputError, first_line
 from gantool.fileio import atomic_save
-from gantool.inference import boxes_to_mask, check_mask_size, inpaint_images
+from gantool.inference import ModelFills, boxes_to_mask, check_mask_size, fill_images, finish_image
 from gantool.processing import (
     IMAGE_EXTENSIONS,
     alpha_hole_mask,
@@ -303,36 +303,36 @@ def load_job(job: ImageJob, masks: MaskSource, overwrite: bool, protected: set[P
     return image, mask
 
 
-def inpaint_loaded(
+def fill_loaded(
     backend: Backend,
     items: Sequence[tuple[Image.Image, np.ndarray]],
     strategy: str,
     batch_size: int,
     crop_margin: int | None,
-    blend: str = DEFAULT_BLEND,
-) -> list[Image.Image | Exception]:
-    """Results of ``inpaint_images`` for each item, or the error that image raised:
-    a failing batch is retried one by one, so one bad image does not fail its batch."""
+) -> list[ModelFills | Exception]:
+    """The model's output (:func:`gantool.inference.fill_images`) for each item, or the
+    error that image raised: a failing batch is retried one by one, so one bad image
+    does not fail its batch."""
     try:
-        return list(inpaint_images(backend, items, strategy, batch_size, crop_margin, blend))
+        return list(fill_images(backend, items, strategy, batch_size, crop_margin))
     except FILE_ERRORS:
         pass
-    results: list[Image.Image | Exception] = []
+    results: list[ModelFills | Exception] = []
     for image, mask in items:
         try:
-            results.append(inpaint_images(backend, [(image, mask)], strategy, 1, crop_margin, blend)[0])
+            results.append(fill_images(backend, [(image, mask)], strategy, 1, crop_margin)[0])
         except FILE_ERRORS as e:
             results.append(e)
     return results
 
 
-def write_output(job: ImageJob, image: Image.Image, overwrite: bool) -> None:
-    """The result as PNG at ``job.output``, atomically."""
-    atomic_save(
-        job.output,
-        lambda tmp: save_png(image, tmp),
-        overwrite=overwrite,
-    )
+def finish_and_write(
+    job: ImageJob, image: Image.Image, mask: np.ndarray, fills: ModelFills, blend: str, overwrite: bool
+) -> None:
+    """The step after the model for one file: blend and composite
+    (:func:`gantool.inference.finish_image`), then the PNG at ``job.output``, atomically."""
+    result = finish_image(image, mask, fills, blend)
+    atomic_save(job.output, lambda tmp: save_png(result, tmp), overwrite=overwrite)
 
 
 def written(job: ImageJob) -> FileResult:
@@ -370,13 +370,14 @@ def inpaint_files(
         if on_result is not None:
             on_result(result)
 
-    # PNG encoding runs on a writer thread (zlib releases the GIL), overlapping the
-    # next batch's model run; results are reported in job order.
-    pending: deque[tuple[ImageJob, np.ndarray, Future[None]]] = deque()
+    # Blending, compositing and PNG encoding run on a writer thread (OpenCV and zlib
+    # release the GIL), overlapping the next batch's model run; results are reported
+    # in job order.
+    pending: deque[tuple[ImageJob, Future[None]]] = deque()
 
     def settle(keep: int) -> None:
         while len(pending) > keep:
-            job, mask, write = pending.popleft()
+            job, write = pending.popleft()
             try:
                 write.result()
                 report(written(job))
@@ -408,14 +409,12 @@ def inpaint_files(
             upcoming = reader.submit(load, chunks[number + 1]) if number + 1 < len(chunks) else None
             for result in failed:
                 report(result)
-            outputs = inpaint_loaded(
-                backend, [(img, m) for _, img, m in loaded], strategy, batch_size, crop_margin, blend
-            )
-            for (job, _, mask), output in zip(loaded, outputs):
-                if isinstance(output, Exception):
-                    report(file_error(job, output))
+            outputs = fill_loaded(backend, [(img, m) for _, img, m in loaded], strategy, batch_size, crop_margin)
+            for (job, image, mask), fills in zip(loaded, outputs):
+                if isinstance(fills, Exception):
+                    report(file_error(job, fills))
                 else:
-                    pending.append((job, mask, writer.submit(write_output, job, output, overwrite)))
+                    pending.append((job, writer.submit(finish_and_write, job, image, mask, fills, blend, overwrite)))
             settle(keep=batch_size)  # at most one batch of finished images waits in memory
         settle(keep=0)
     summary.seconds = time.perf_counter() - start

@@ -6,8 +6,8 @@ exists (so a re-run resumes an interrupted one), and sends *paths* to an actor p
 (``Dataset.map_batches`` with a callable class). Each actor opens the model once,
 then for each chunk of ``batch_size`` files reads them, inpaints them and writes the
 PNGs atomically with the same per-file steps as the local pipeline
-(:func:`~gantool.pipeline.load_job`, :func:`~gantool.pipeline.inpaint_loaded`,
-:func:`~gantool.pipeline.write_output`). Pixels never pass through the driver: only
+(:func:`~gantool.pipeline.load_job`, :func:`~gantool.pipeline.fill_loaded`,
+:func:`~gantool.pipeline.finish_and_write`). Pixels never pass through the driver: only
 one small result row per file comes back, and the driver writes it to a JSON-lines
 manifest and the progress bar.
 
@@ -60,12 +60,12 @@ from gantool.pipeline import (
     check_output,
     collect_images,
     file_error,
-    inpaint_loaded,
+    fill_loaded,
+    finish_and_write,
     load_job,
     no_hole,
     plan_jobs,
     protected_paths,
-    write_output,
     written,
 )
 from gantool.processing import IMAGE_EXTENSIONS, check_blend
@@ -296,22 +296,21 @@ class InpaintWorker:
                 yield file_error(job, e), (time.perf_counter() - start) * 1e3
             spent[job] = time.perf_counter() - start
         start = time.perf_counter()
-        outputs = inpaint_loaded(
+        outputs = fill_loaded(
             self.backend,
             [(image, mask) for _, image, mask in loaded],
             self.strategy,
             self.batch_size,
             self.crop_margin,
-            self.blend,
         )
         share = (time.perf_counter() - start) / max(len(loaded), 1)
-        for (job, _, _), output in zip(loaded, outputs):
+        for (job, image, mask), fills in zip(loaded, outputs):
             start = time.perf_counter()
-            if isinstance(output, Exception):
-                result = file_error(job, output)
+            if isinstance(fills, Exception):
+                result = file_error(job, fills)
             else:
                 try:
-                    write_output(job, output, self.overwrite)
+                    finish_and_write(job, image, mask, fills, self.blend, self.overwrite)
                     result = written(job)
                 except FILE_ERRORS as e:
                     result = file_error(job, e)
