@@ -249,3 +249,24 @@ def test_the_manifest_never_replaces_a_users_file(exported_model: ExportedModel,
     with pytest.raises(InputError, match="must name a .jsonl file"):
         ray_run(exported_model, [image], tmp_path / "out", manifest=tmp_path / "m.tif")
     assert notes.read_text() == '{"my": "data"}\n' and not (tmp_path / "out").exists()
+
+
+def test_a_ray_run_shows_no_deprecation_warning(
+    ray_cluster: Any, exported_model: ExportedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found before the fix: the first DataContext a process builds warned three times
+    # (use_push_based_shuffle, use_polars, use_arrow_tensor_v2) on every `inpaint --ray`.
+    import warnings
+
+    import ray.data.context
+
+    monkeypatch.setattr(ray.data.context, "_default_context", None)  # as in a fresh driver process
+    folder = tmp_path / "album"
+    folder.mkdir()
+    rgba_with_hole(24, 28, 1).save(folder / "x.png")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        summary = ray_run(exported_model, [folder], tmp_path / "out")
+    assert summary.inpainted == 1
+    deprecations = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
+    assert deprecations == []

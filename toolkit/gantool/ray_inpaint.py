@@ -27,6 +27,7 @@ import logging
 import os
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -530,7 +531,11 @@ def _execute(
     """Stream one result row per file from the actor pool."""
     from ray.data import ActorPoolStrategy, DataContext
 
-    data = DataContext.get_current()
+    with warnings.catch_warnings():
+        # Ray's own DataContext() sets its deprecated fields (use_polars, ...) to their
+        # defaults and warns for each; the first get_current() in a process builds it.
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\.data\.context")
+        data = DataContext.get_current()
     saved = (data.enable_progress_bars, data.max_errored_blocks, data.print_on_execution_start)
     data.enable_progress_bars = False  # one bar, the caller's
     data.print_on_execution_start = False
