@@ -584,7 +584,7 @@ def bench_blend(
     processing.blend_output on the same windows' outputs (what inpaint_images adds)."""
     from PIL import Image
 
-    from gantool.inference import _fill_windows, inpaint_images
+    from gantool.inference import fill_images
     from gantool.processing import blend_output, image_to_array
     from gantool.runtime import load_backend
 
@@ -597,9 +597,8 @@ def bench_blend(
         model_times = []
         for _ in range(repeats + 1):  # the first run warms up
             backend.run_seconds = 0.0
-            inpaint_images(backend, [(picture, mask)], strategy=strategy, batch_size=1, blend="none")
+            fills = fill_images(backend, [(picture, mask)], strategy=strategy, batch_size=1)[0]
             model_times.append(backend.run_seconds)
-        fills = _fill_windows(backend, [(lambda w: pixels[w.region], mask)], strategy, 1, None, "none")[0]
 
         def post_process() -> None:
             for window, filled in fills:
