@@ -24,8 +24,17 @@ from gantool.cli import cli
 from gantool.errors import InputError, ModelError
 from gantool.export import check_options, export_generator
 from gantool.parity import compare, default_cases
+from gantool.providers import cpu_isa_flags
 from gantool.quantize import QuantizationError
-from gantool.runtime import AotiBackend, EagerBackend, OnnxBackend, Pt2Backend, TorchScriptBackend, load_backend
+from gantool.runtime import (
+    AotiBackend,
+    EagerBackend,
+    OnnxBackend,
+    Pt2Backend,
+    TorchScriptBackend,
+    check_aoti_package,
+    load_backend,
+)
 
 CASES = default_cases(TINY_CONFIG)
 CASE_IDS = [c.label.replace(" ", "-") for c in CASES]
@@ -58,6 +67,7 @@ def test_every_format_is_written_with_the_same_metadata(modern_export):
     aoti_meta = read_model_metadata(out / "generator.aoti.pt2")
     assert {k: aoti_meta[k] for k in onnx_meta} == onnx_meta
     assert aoti_meta["gantool.aoti_device"] == "cpu" and aoti_meta["gantool.torch_version"] == torch.__version__
+    assert aoti_meta["gantool.aoti_cpu_flags"].split() == cpu_isa_flags()  # what -march=native compiled for
     assert json.loads(aoti_meta["gantool.compile_flags"]) == {"freezing": True}
     int8_meta = read_model_metadata(out / "generator_int8.onnx")
     assert int8_meta["gantool.precision"] == "int8"
@@ -260,3 +270,34 @@ def test_gantool_torchscript_calls_raise_no_deprecation_warning(checkpoint_facto
     jit = [w for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning)) and "jit" in str(w.message)]
     assert jit == [], [str(w.message) for w in jit]
     shutil.rmtree(tmp_path / "out")
+
+
+def test_aoti_cpu_package_needs_the_compiling_cpus_instructions(modern_export, tmp_path):
+    # Inductor compiles CPU packages with -march=native: on a CPU without (say) AVX-512 the
+    # package would die with SIGILL, so it is refused first, in one line. Found before: no check.
+    package = modern_export.out_dir / "generator.aoti.pt2"
+    metadata = read_model_metadata(package)
+    here = cpu_isa_flags()
+    check_aoti_package(package, metadata, torch.device("cpu"))  # compiled here: fine
+    other = {**metadata, "gantool.aoti_cpu_flags": " ".join([*here, "avx10_2", "amx_fp8"])}
+    with pytest.raises(ModelError, match=r"compiled for a CPU with amx_fp8, avx10_2, which this CPU lacks: re-export"):
+        check_aoti_package(package, other, torch.device("cpu"))
+    check_aoti_package(package, other, torch.device("cpu"), cpu_flags=[])  # nothing known here: not refused
+    older = {k: v for k, v in metadata.items() if k != "gantool.aoti_cpu_flags"}
+    check_aoti_package(package, older, torch.device("cpu"))  # packages from before the key: not refused
+
+    many = _with_metadata(package, tmp_path / "many.aoti.pt2", aoti_cpu_flags=" ".join(f"isa{i}" for i in range(9)))
+    from PIL import Image
+
+    Image.fromarray(np.full((16, 16, 3), 90, np.uint8)).save(tmp_path / "x.png")
+    result = invoke("inpaint", tmp_path / "x.png", "--model", many, "--backend", "aoti", "--box", "1,1,4,4")
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "isa0, isa1, isa2, isa3, isa4, isa5 and 3 more, which this CPU lacks" in result.output
+
+
+def test_cpu_isa_flags_reads_x86_and_arm_cpuinfo():
+    x86 = "processor\t: 0\nflags\t\t: fpu vme sse sse2 avx2 avx512f amx_tile fma pni hypervisor\n"
+    assert cpu_isa_flags(x86) == ["amx_tile", "avx2", "avx512f", "fma", "sse", "sse2"]
+    arm = "processor\t: 0\nFeatures\t: fp asimd sve bf16\nCPU part\t: 0xd4f\n"
+    assert cpu_isa_flags(arm) == ["asimd", "bf16", "fp", "sve"]
+    assert cpu_isa_flags("model name : something\n") == []

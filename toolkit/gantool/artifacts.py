@@ -47,6 +47,7 @@ PT2_METADATA_ENTRY = TORCHSCRIPT_METADATA_ENTRY
 # What an AOTInductor package was compiled for: a package only runs there.
 META_AOTI_DEVICE = "gantool.aoti_device"  # "cpu" or "cuda"
 META_AOTI_CUDA_ARCH = "gantool.aoti_cuda_arch"  # e.g. "sm_90" (CUDA packages only)
+META_AOTI_CPU_FLAGS = "gantool.aoti_cpu_flags"  # the compiling CPU's ISA extensions (CPU packages)
 META_COMPILE_FLAGS = "gantool.compile_flags"  # JSON of the inductor configs used
 # int8 ONNX: the nodes left in float and what calibrated the quantization.
 META_FLOAT_NODES = "gantool.float_nodes"  # JSON list of node names

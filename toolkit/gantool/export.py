@@ -49,6 +49,7 @@ from gantool.artifacts import (
     KIND_CHECKPOINT,
     KIND_ONNX,
     KIND_SAFETENSORS,
+    META_AOTI_CPU_FLAGS,
     META_AOTI_CUDA_ARCH,
     META_AOTI_DEVICE,
     META_COMPILE_FLAGS,
@@ -94,6 +95,7 @@ from gantool.parity import (
 )
 from gantool.processing import processing_contract
 from gantool.provenance import find_machine_traces, redact_paths, strip_onnx_debug_info, strip_torchscript_debug_info
+from gantool.providers import cpu_isa_flags
 from gantool.quantize import calibration_batch, quantize_int8
 from gantool.runtime import strip_dtype_asserts
 
@@ -357,6 +359,8 @@ def aoti_metadata(metadata: dict[str, str], device: str, flags: dict[str, Any]) 
         **metadata,
         META_AOTI_DEVICE: device,
         META_AOTI_CUDA_ARCH: cuda_arch() if device == "cuda" else "",
+        # Inductor compiles CPU code with -march=native: the package needs this CPU's extensions.
+        META_AOTI_CPU_FLAGS: " ".join(cpu_isa_flags()) if device == "cpu" else "",
         META_TORCH_VERSION: torch.__version__,
         META_COMPILE_FLAGS: json.dumps(flags, sort_keys=True),
     }

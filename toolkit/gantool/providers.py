@@ -263,3 +263,28 @@ def torch_device(provider: str) -> tuple[Any, str]:
         )
         raise ProviderError(f"provider 'cuda' is not available: {why}")
     return torch.device("cpu"), "no CUDA device found; running on the CPU"
+
+
+# Instruction-set extensions a compiler may use under -march=native (x86 /proc/cpuinfo "flags";
+# on Arm every "Features" entry counts). AOTInductor compiles CPU packages that way.
+_X86_ISA_FLAG = re.compile(
+    r"(?:sse|ssse|avx|amx|fma|f16c|bmi|popcnt|abm|lzcnt|movbe|aes|vaes|pclmul|vpclmul|gfni|sha_ni|adx"
+    r"|rdrand|rdseed|xsave|cx16|clflushopt|clwb|serialize|movdir|prfchw|3dnowprefetch)\w*"
+)
+
+
+def cpu_isa_flags(cpuinfo: str | None = None) -> list[str]:
+    """This CPU's instruction-set extensions (sorted), from ``/proc/cpuinfo`` (or the text
+    given); empty where that file does not exist (then nothing can be checked)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            return []
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return sorted({flag for flag in value.split() if _X86_ISA_FLAG.fullmatch(flag)})
+        if key.strip() == "Features":
+            return sorted(set(value.split()))
+    return []

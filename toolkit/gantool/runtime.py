@@ -39,6 +39,7 @@ from gantool.artifacts import (
     ARTIFACT,
     KIND_AOTI,
     KIND_SAFETENSORS,
+    META_AOTI_CPU_FLAGS,
     META_AOTI_CUDA_ARCH,
     META_AOTI_DEVICE,
     META_MODEL_CONFIG,
@@ -59,7 +60,7 @@ from gantool.artifacts import (
 from gantool.config import ModelConfig
 from gantool.constants import BACKEND_CHOICES, PRECISION_BACKENDS, PRECISIONS, PROVIDERS
 from gantool.errors import InputError, ModelError, choice_error, first_line
-from gantool.providers import OpenedSession, cuda_device_visible, open_session, torch_device
+from gantool.providers import OpenedSession, cpu_isa_flags, cuda_device_visible, open_session, torch_device
 
 
 class Backend:
@@ -405,8 +406,10 @@ class AotiBackend(_TorchBackend):
         super().__init__(path, module, device, metadata, note, precision)
 
 
-def check_aoti_package(path: Path, metadata: dict[str, str], device: Any) -> None:
-    """Refuse a package compiled for another device, GPU architecture or torch version (one line each)."""
+def check_aoti_package(path: Path, metadata: dict[str, str], device: Any, cpu_flags: list[str] | None = None) -> None:
+    """Refuse a package compiled for another device, GPU architecture, torch version or a CPU
+    with instructions this one lacks (one line each; such a package would crash the process).
+    ``cpu_flags``: this CPU's extensions (default: :func:`gantool.providers.cpu_isa_flags`)."""
     import torch  # delayed: heavy import
 
     built_for = metadata.get(META_AOTI_DEVICE, "")
@@ -418,6 +421,13 @@ def check_aoti_package(path: Path, metadata: dict[str, str], device: Any) -> Non
         raise ModelError(
             f"{path.name} was compiled with torch {built_with}, this is torch {torch.__version__}: {again}"
         )
+    if device.type == "cpu":
+        needed = metadata.get(META_AOTI_CPU_FLAGS, "").split()
+        here = cpu_isa_flags() if cpu_flags is None else cpu_flags
+        missing = sorted(set(needed) - set(here)) if here else []  # unknown here: nothing to compare
+        if missing:
+            shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+            raise ModelError(f"{path.name} was compiled for a CPU with {shown}, which this CPU lacks: {again}")
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         arch = f"sm_{major}{minor}"
