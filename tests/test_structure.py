@@ -70,6 +70,19 @@ def test_each_export_file_name_and_metadata_key_is_written_once() -> None:
         assert literals.count(fact) == 1, f"{fact!r} appears {literals.count(fact)} times as a string literal"
 
 
+
+def test_each_run_folder_name_is_written_once() -> None:
+    # The run folder's layout lives in gantool.constants; train, runfolder, runs, tracking,
+    # export and artifacts name its files through it (runs.py once repeated them as literals).
+    from gantool import constants
+
+    literals = _string_literals()
+    names = [constants.RUN_FILE, constants.RUN_CONFIG_FILE, constants.METRICS_FILE, constants.STATUS_FILE,
+             constants.CHECKPOINTS_DIR, constants.LAST_CHECKPOINT, constants.SAMPLES_DIR]  # ("export" is also a command)
+    for name in names:
+        assert literals.count(name) == 1, f"{name!r} appears {literals.count(name)} times as a string literal"
+
+
 def test_readme_layout_lists_every_module_and_nothing_else() -> None:
     text = (REPO / "README.md").read_text()
     block = text.split("## Layout", 1)[1].split("```", 2)[1].split("\nmodels/", 1)[0]  # the package part

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gantool.config import ModelConfig
-from gantool.constants import BACKEND_CHOICES, BACKENDS
+from gantool.constants import BACKEND_CHOICES, BACKENDS, CHECKPOINTS_DIR, LAST_CHECKPOINT, RUN_EXPORT_DIR
 from gantool.errors import InputError, ModelError, choice_error, first_line
 
 log = logging.getLogger(__name__)
@@ -96,8 +96,7 @@ EXPORT_FORMATS = ("onnx", "torchscript", "pt2", "aoti")
 DEFAULT_EXPORT_FORMATS = ("onnx", "torchscript")
 ALWAYS_WRITTEN = ("safetensors", "report")
 # Inside a run folder, the newest checkpoint is the eager model.
-RUN_EXPORT_DIR = "export"
-RUN_CHECKPOINT = Path("checkpoints") / "last.pt"
+RUN_CHECKPOINT = Path(CHECKPOINTS_DIR) / LAST_CHECKPOINT
 
 
 def model_artifacts(backend: str, precision: str = "fp32") -> list[Artifact]:

@@ -68,3 +68,14 @@ RAY_MANIFEST_NAME = "gantool-manifest.jsonl"
 
 # `gantool eval`'s comparison grid, written beside the command (never inside --data).
 DEFAULT_EVAL_GRID = "eval_grid.png"
+
+# The run folder `gantool train` writes (claimed by gantool.runfolder, read by gantool.runs).
+RUN_FILE = "gantool-run.json"  # created exclusively: marks the folder as one run's
+RUN_CONFIG_FILE = "config.toml"
+METRICS_FILE = "metrics.jsonl"
+STATUS_FILE = "status.json"  # what the training process last said (gantool.tracking)
+CHECKPOINTS_DIR = "checkpoints"
+LAST_CHECKPOINT = "last.pt"
+SAMPLES_DIR = "samples"
+TENSORBOARD_DIR = "tensorboard"
+RUN_EXPORT_DIR = "export"  # where `gantool export` writes by default

@@ -76,7 +76,7 @@ from gantool.checkpoint import (
     save_generator_weights,
     weights_sha256,
 )
-from gantool.constants import DEFAULT_INT8_MIN_PSNR
+from gantool.constants import CHECKPOINTS_DIR, DEFAULT_INT8_MIN_PSNR, RUN_EXPORT_DIR
 from gantool.errors import CheckpointError, InputError, ModelError, first_line
 from gantool.fileio import atomic_path, atomic_write_text, ensure_writable_dir
 from gantool.networks import CompletionNetwork, fold_batchnorm
@@ -140,7 +140,7 @@ def find_latest_checkpoint(root: str | Path = "runs") -> Path:
 def default_output_dir(checkpoint: str | Path) -> Path:
     """``<run>/export`` for ``<run>/checkpoints/x.pt``, else ``export`` beside the file."""
     folder = Path(checkpoint).resolve().parent
-    return (folder.parent if folder.name == "checkpoints" else folder) / "export"
+    return (folder.parent if folder.name == CHECKPOINTS_DIR else folder) / RUN_EXPORT_DIR
 
 
 # --------------------------------------------------------------------------- metadata

@@ -38,20 +38,17 @@ from typing import Any
 
 from gantool import __version__
 from gantool.checkpoint import load_checkpoint
+from gantool.constants import CHECKPOINTS_DIR, LAST_CHECKPOINT, METRICS_FILE, RUN_CONFIG_FILE, RUN_FILE
 from gantool.errors import GantoolError, InputError, first_line
 from gantool.fileio import atomic_write_text, ensure_writable_dir, pid_alive
 
 log = logging.getLogger(__name__)
 
-RUN_FILE = "gantool-run.json"
 RUN_FORMAT = "gantool-run"
 RUNS_ROOT = Path("runs")
-CHECKPOINTS = "checkpoints"
-LAST_CHECKPOINT = "last.pt"
-METRICS_FILE = "metrics.jsonl"
 LOCK_FILE = ".gantool-lock"
 # Runs made before the run file existed: these three together mark one.
-_LEGACY_MARKS = (CHECKPOINTS, "config.toml", METRICS_FILE)
+_LEGACY_MARKS = (CHECKPOINTS_DIR, RUN_CONFIG_FILE, METRICS_FILE)
 
 
 def is_run_folder(folder: str | Path) -> bool:
@@ -63,7 +60,7 @@ def is_run_folder(folder: str | Path) -> bool:
 def run_of_checkpoint(checkpoint: str | Path) -> Path | None:
     """The run folder ``checkpoint`` belongs to (``RUN/checkpoints/<file>``), or None."""
     path = Path(checkpoint).resolve()
-    if path.parent.name != CHECKPOINTS or not is_run_folder(path.parent.parent):
+    if path.parent.name != CHECKPOINTS_DIR or not is_run_folder(path.parent.parent):
         return None
     return path.parent.parent
 
@@ -108,7 +105,7 @@ def _continue_in(run: Path, resume: Path, state: dict[str, Any] | None) -> RunPl
 
 def newest_checkpoint_step(run: Path, resume: Path) -> int | None:
     """The step of ``run``'s last.pt, unless ``resume`` is that file (then it is the newest)."""
-    last = run / CHECKPOINTS / LAST_CHECKPOINT
+    last = run / CHECKPOINTS_DIR / LAST_CHECKPOINT
     if not last.is_file() or last.resolve() == resume.resolve():
         return None
     try:
@@ -124,7 +121,7 @@ def _check_new_folder(target: Path) -> None:
     if not target.is_dir():
         raise InputError(f"output path exists and is not a folder: {target}")
     if is_run_folder(target):
-        last = target / CHECKPOINTS / LAST_CHECKPOINT
+        last = target / CHECKPOINTS_DIR / LAST_CHECKPOINT
         how = f"resume it with --resume {last}, or" if last.is_file() else "it has no checkpoint yet;"
         raise InputError(f"{target} already holds a run; {how} choose another --out")
     if any(target.iterdir()):

@@ -17,6 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from gantool.config import TrainConfig, read_toml
+from gantool.constants import (
+    CHECKPOINTS_DIR,
+    LAST_CHECKPOINT,
+    METRICS_FILE,
+    RUN_CONFIG_FILE,
+    STATUS_FILE,
+    TENSORBOARD_DIR,
+)
 from gantool.errors import GantoolError, InputError, first_line
 from gantool.fileio import atomic_save
 from gantool.tracking import (
@@ -25,7 +33,6 @@ from gantool.tracking import (
     FINISHED,
     RUNNING,
     STATES,
-    STATUS_FILE,
     TENSORBOARD_INSTALL,
 )
 
@@ -34,7 +41,7 @@ KILLED = "killed"  # status.json says running, but its process is gone (kill -9,
 INCOMPLETE = "incomplete"  # no status record (an older gantool) and the schedule is not done
 BROKEN = "broken"  # a file the summary needs is unreadable
 
-RUN_MARKERS = ("config.toml", "metrics.jsonl", STATUS_FILE, "checkpoints")
+RUN_MARKERS = (RUN_CONFIG_FILE, METRICS_FILE, STATUS_FILE, CHECKPOINTS_DIR)
 PHASE_KEYS = ("steps_g", "steps_d", "steps_joint")
 LOSS_KEYS = ("loss_rec", "loss_d", "loss_adv")
 D_KEYS = ("d_real", "d_fake")
@@ -146,17 +153,17 @@ def summarize_run(path: str | Path) -> RunInfo:
 
 def _read_into(info: RunInfo) -> None:
     path = info.path
-    if (path / "config.toml").is_file():
-        info.config = read_toml(path / "config.toml")
+    if (path / RUN_CONFIG_FILE).is_file():
+        info.config = read_toml(path / RUN_CONFIG_FILE)
         defaults = TrainConfig()
         info.total_steps = sum(int(info.config.get(k, getattr(defaults, k))) for k in PHASE_KEYS)
-    if (path / "metrics.jsonl").is_file():
-        info.train, info.validation, info.skipped_lines = read_metrics(path / "metrics.jsonl")
+    if (path / METRICS_FILE).is_file():
+        info.train, info.validation, info.skipped_lines = read_metrics(path / METRICS_FILE)
     if info.train:
         info.step, info.phase = int(info.train[-1]["step"]), str(info.train[-1]["phase"])
     if info.validation:
         info.val_psnr = float(info.validation[-1]["val_psnr"])
-    info.checkpoint, info.checkpoint_step = newest_checkpoint(path / "checkpoints")
+    info.checkpoint, info.checkpoint_step = newest_checkpoint(path / CHECKPOINTS_DIR)
 
     status = read_status(path)
     if status is None:
@@ -198,7 +205,7 @@ def newest_checkpoint(folder: Path) -> tuple[Path | None, int | None]:
     steps = sorted(
         ((int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP_CHECKPOINT.fullmatch(p.name))), reverse=True
     )
-    last = folder / "last.pt"
+    last = folder / LAST_CHECKPOINT
     if not last.is_file():
         return (steps[0][1], steps[0][0]) if steps else (None, None)
     for step, candidate in steps:
@@ -280,9 +287,9 @@ def run_report(info: RunInfo) -> str:
         lines.append(f"best PSNR:   {best['val_psnr']:.2f} dB at step {best['step']}")
     lines.append(f"checkpoint:  {_checkpoint_text(info, info.path)}")
     if info.skipped_lines:
-        lines.append(f"note:        {info.skipped_lines} unreadable line(s) in metrics.jsonl skipped")
-    if (info.path / "tensorboard").is_dir():
-        lines.append(f"tensorboard: tensorboard --logdir {info.path / 'tensorboard'}")
+        lines.append(f"note:        {info.skipped_lines} unreadable line(s) in {METRICS_FILE} skipped")
+    if (info.path / TENSORBOARD_DIR).is_dir():
+        lines.append(f"tensorboard: tensorboard --logdir {info.path / TENSORBOARD_DIR}")
     return "\n".join(lines)
 
 

@@ -32,6 +32,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from gantool.config import TrainConfig, toml_text
+from gantool.constants import STATUS_FILE, TENSORBOARD_DIR
 from gantool.errors import InputError, TrainingError, first_line
 from gantool.fileio import atomic_write_text
 
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TENSORBOARD_INSTALL = 'pip install "gantool[tensorboard]"'
-TENSORBOARD_DIR = "tensorboard"  # inside the run folder
 
 # D "wins outright" when it calls nearly every real image real and nearly every
 # fake one fake: its sigmoid outputs saturate, and the generator's adversarial
@@ -56,8 +56,7 @@ D_WIN_SPAN = 300  # steps
 D_WIN_MIN_RECORDS = 5
 D_WATCHED_PHASES = ("joint",)
 
-# status.json: what the training process last said about its run.
-STATUS_FILE = "status.json"
+# STATUS_FILE (status.json): what the training process last said about its run.
 RUNNING, FINISHED, STOPPED, FAILED = "running", "finished", "stopped", "failed"
 STATES = (RUNNING, FINISHED, STOPPED, FAILED)
 # Short reasons beside STOPPED / FAILED (the full message goes to "message").

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from gantool.checkpoint import load_checkpoint, save_checkpoint
 from gantool.config import ModelConfig, TrainConfig, check_options, toml_text
+from gantool.constants import CHECKPOINTS_DIR, LAST_CHECKPOINT, METRICS_FILE, RUN_CONFIG_FILE, SAMPLES_DIR
 from gantool.data import (
     InpaintingDataset,
     StepBatchSampler,
@@ -55,7 +56,7 @@ from gantool.fileio import atomic_save, atomic_write_text, ensure_writable_dir
 from gantool.losses import discriminator_loss, generator_adversarial_loss, hole_mse, l1, psnr, ssim
 from gantool.networks import CompletionNetwork, ContextDiscriminator, crop_local
 from gantool.processing import to_uint8
-from gantool.runfolder import METRICS_FILE, RunPlan, claim_run_folder, lock_run_folder, plan_run_folder, trim_metrics
+from gantool.runfolder import RunPlan, claim_run_folder, lock_run_folder, plan_run_folder, trim_metrics
 from gantool.tracking import RunTracker, summary_writer_class
 
 log = logging.getLogger(__name__)
@@ -504,9 +505,9 @@ def _train(
     setup_error: str | None = None
     if dist.is_main:
         try:
-            for sub in ("checkpoints", "samples"):
+            for sub in (CHECKPOINTS_DIR, SAMPLES_DIR):
                 ensure_writable_dir(run_dir / sub)
-            atomic_write_text(run_dir / "config.toml", toml_text(cfg.to_dict()))
+            atomic_write_text(run_dir / RUN_CONFIG_FILE, toml_text(cfg.to_dict()))
             trim_metrics(run_dir / METRICS_FILE, step)  # a killed run may have logged past its checkpoint
         except GantoolError as e:
             if not dist.enabled:
@@ -521,12 +522,12 @@ def _train(
     autocast = autocast_for(device, amp)
     memory_format = torch.channels_last if use_channels_last(cfg, device) else torch.contiguous_format
     result = TrainResult(run_dir, step, phase_at(step, cfg), None, rank=dist.rank)
-    last_good = run_dir / "checkpoints" / "last.pt" if state is not None or step else None
+    last_good = run_dir / CHECKPOINTS_DIR / LAST_CHECKPOINT if state is not None or step else None
     tracker = RunTracker(cfg, run_dir, step, result.phase, enabled=dist.is_main)  # rank 0 writes
     saved_step: int | None = None
 
     def checkpoint(at_step: int) -> Path:
-        path = run_dir / "checkpoints" / "last.pt"
+        path = run_dir / CHECKPOINTS_DIR / LAST_CHECKPOINT
         save_checkpoint(
             path,
             {
@@ -587,7 +588,7 @@ def _train(
                     tracker.log_train(record, opt_g.param_groups[0]["lr"], opt_d.param_groups[0]["lr"])
                     bar.set_postfix_str(_postfix(record), refresh=False)
                 if dist.is_main and (step % cfg.sample_every == 0 or step == end):
-                    sample_path = run_dir / "samples" / f"step_{step}.png"
+                    sample_path = run_dir / SAMPLES_DIR / f"step_{step}.png"
                     record = validate(nets.generator, val, step, phase, sample_path)
                     result.history.append(record)
                     write_metrics(record)
