@@ -301,6 +301,7 @@ def test_bad_input_is_a_400_json_error(client: TestClient, case: str, needle: st
     body = response.json()
     assert set(body) == {"error"} and needle in body["error"]
     assert "\n" not in body["error"] and "Traceback" not in response.text
+    assert "--box" not in body["error"]  # the API's field is `boxes` (said `--box` before)
 
 
 def _png_header(width: int, height: int) -> bytes:

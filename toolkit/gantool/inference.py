@@ -364,15 +364,16 @@ def load_mask(mask: Image.Image | str | Path | np.ndarray | None, image: Image.I
     return check_mask_size(array, image, name, "the image")
 
 
-def parse_box(text: str) -> tuple[int, int, int, int]:
-    """``"X,Y,W,H"`` in pixels of the displayed image -> (x, y, w, h)."""
+def parse_box(text: str, name: str = "--box") -> tuple[int, int, int, int]:
+    """``"X,Y,W,H"`` in pixels of the displayed image -> (x, y, w, h). ``name``: what the
+    user typed it into, for the error (``--box`` on the CLI, ``boxes`` in the API)."""
     parts = text.replace(" ", "").split(",")
     try:
         x, y, w, h = (int(p) for p in parts)
     except ValueError:
-        raise InputError(f"--box must be X,Y,W,H in whole pixels, got {text!r}") from None
+        raise InputError(f"{name} must be X,Y,W,H in whole pixels, got {text!r}") from None
     if w <= 0 or h <= 0:
-        raise InputError(f"--box width and height must be positive, got {text!r}")
+        raise InputError(f"{name} width and height must be positive, got {text!r}")
     return x, y, w, h
 
 

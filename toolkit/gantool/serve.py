@@ -317,7 +317,7 @@ def decode_request(
                 )
             )
         if boxes:
-            parts.append(boxes_to_mask([parse_box(box) for box in boxes], image.width, image.height))
+            parts.append(boxes_to_mask([parse_box(box, "boxes") for box in boxes], image.width, image.height))
         if not parts:
             parts.append(load_mask(None, image))
     except GantoolError:
