@@ -3,6 +3,7 @@ loopback port for batching and backpressure), one test per rule of issue #12."""
 
 from __future__ import annotations
 
+import re
 import struct
 import threading
 import time
@@ -637,14 +638,20 @@ def test_bench_serve_runs_and_reports(exported_model):  # noqa: F811
         baseline_images=2,
         distinct_images=3,
         timeout_s=300,
+        rounds=3,
     )
-    assert result["ok"] == 6 and result["errors"] == 0 and result["sent"] == 6
+    assert result["ok"] == 18 and result["errors"] == 0 and result["sent"] == 18
     assert result["provider"] == "CPUExecutionProvider" and result["backend"] == "onnx"
     latency = result["latency_ms"]
     assert 0 < latency["p50"] <= latency["p95"] <= latency["p99"]
-    assert result["server_images_per_s"] > 0 and result["in_process_images_per_s"] > 0
-    assert result["ratio"] == pytest.approx(result["server_images_per_s"] / result["in_process_images_per_s"])
-    assert len(result["in_process_images_per_s_before_after"]) == 2 and result["in_process_png_images_per_s"] > 0
+    rounds, baselines = result["per_round"], result["in_process_measurements"]
+    assert len(rounds) == 3 and len(baselines) == 4 and all(row["ok"] == 6 for row in rounds)
+    for number, row in enumerate(rounds):  # each round against the in-process runs on either side of it
+        assert row["in_process_images_per_s"] == pytest.approx((baselines[number] + baselines[number + 1]) / 2)
+        assert row["ratio"] == pytest.approx(row["images_per_s"] / row["in_process_images_per_s"])
+    ratios = sorted(row["ratio"] for row in rounds)
+    assert result["ratio"] == pytest.approx(ratios[1]) and result["ratio_range"] == pytest.approx([ratios[0], ratios[2]])
+    assert result["server_images_per_s"] > 0 and result["in_process_png_images_per_s"] > 0
     assert set(result["rss_mb"]) == {"ready", "after_50", "after_all"}
     assert set(result["goals"]) == {"throughput", "rss_stable"}
 
@@ -653,7 +660,22 @@ def test_bench_serve_cli_help_and_bad_options():
     runner = CliRunner()
     result = runner.invoke(cli, ["bench", "serve", "--help"])
     assert result.exit_code == 0
-    for option in ("--requests", "--concurrency", "--size", "--timeout", "--json"):
+    for option in ("--requests", "--rounds", "--concurrency", "--size", "--timeout", "--json"):
         assert option in result.output
     result = runner.invoke(cli, ["bench", "serve", "--requests", "0"])
     assert result.exit_code == 2 and "--requests" in result.output
+    result = runner.invoke(cli, ["bench", "serve", "--rounds", "zero"])
+    assert result.exit_code == 2 and "--rounds" in result.output
+
+
+def test_bench_serve_cli_prints_medians_and_ranges(exported_model):  # noqa: F811
+    result = CliRunner().invoke(
+        cli,
+        ["bench", "serve", str(exported_model.folder), "--requests", "2", "--rounds", "2", "--size", "32",
+         "--concurrency", "1", "--baseline-images", "1", "--provider", "cpu"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "2 round(s) of 2 requests of 32 px" in result.output
+    assert "| requests ok / errors | 4 / 0 |" in result.output
+    ratio_row = next(line for line in result.output.splitlines() if line.startswith("| server / in-process (each"))
+    assert re.search(r"\| \d+\.\d\dx \(\d+\.\d\d-\d+\.\d\dx\) \|$", ratio_row), ratio_row

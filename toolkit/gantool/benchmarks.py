@@ -949,16 +949,19 @@ def bench_serve(
     baseline_images: int = 16,
     distinct_images: int = 8,
     timeout_s: float = 1800.0,
+    rounds: int = 1,
 ) -> dict[str, Any]:
     """``gantool serve`` under load against the in-process :class:`gantool.Inpainter`.
 
-    The in-process throughput is measured before and after the server run
-    (``baseline_images`` images each time, one ``Inpainter.inpaint`` call each,
-    after one warm-up; the mean is compared). Between them a server
-    starts on a free loopback port and ``concurrency`` client threads (keep-alive
-    connections) send ``requests`` POST /v1/inpaint of the same images (PNG,
-    a centred size/4 hole); the first answer for each image is checked (size,
-    known pixels). Every loop is bounded by count and by ``timeout_s``.
+    One server starts on a free loopback port; ``rounds`` times, ``concurrency``
+    client threads (keep-alive connections) send ``requests`` POST /v1/inpaint
+    of the same images (PNG, a centred size/4 hole). The in-process throughput
+    (``baseline_images`` images, one ``Inpainter.inpaint`` call each) is measured
+    before the first round, between rounds and after the last; each round is
+    compared with the mean of the measurements on either side of it, so a change
+    in machine load does not favour one side. Medians and ranges over the rounds
+    are reported. The first answer for each image is checked (size, known
+    pixels). Every loop is bounded by count and by ``timeout_s``.
     """
     import http.client
     import threading
@@ -971,8 +974,8 @@ def bench_serve(
     from gantool.constants import DEFAULT_SERVE_BATCH_WAIT_MS, DEFAULT_SERVE_MAX_BATCH
     from gantool.errors import InputError
 
-    if requests < 1 or concurrency < 1 or baseline_images < 1 or distinct_images < 1:
-        raise InputError("--requests, --concurrency, --baseline-images and --images must be at least 1")
+    if min(requests, concurrency, baseline_images, distinct_images, rounds) < 1:
+        raise InputError("--requests, --concurrency, --baseline-images, --images and --rounds must be at least 1")
     if size < 8:
         raise InputError("--size must be at least 8")
     max_batch = max_batch or DEFAULT_SERVE_MAX_BATCH
@@ -984,11 +987,11 @@ def bench_serve(
     masks = [(mask > 127).astype(np.float32) for _, mask in inputs]
     inpainter.inpaint(inputs[0][0], masks[0])  # warm-up
 
-    def in_process_seconds() -> float:
+    def in_process_ips() -> float:
         start = time.perf_counter()
         for index in range(baseline_images):
             inpainter.inpaint(inputs[index % len(inputs)][0], masks[index % len(inputs)])
-        return time.perf_counter() - start
+        return baseline_images / (time.perf_counter() - start)
 
     def with_codec_seconds() -> float:
         """The same, from PNG bytes to PNG bytes with the server's own decode/encode."""
@@ -1002,9 +1005,6 @@ def bench_serve(
         return time.perf_counter() - start
 
     pngs = [(_png(rgb), _png(mask)) for rgb, mask in inputs]
-    # Measured before and after the server run (the mean is used), so a machine whose
-    # load changes during the run does not favour either side.
-    in_process_s = [in_process_seconds()]
     codec_s = [with_codec_seconds()]
     model_name, backend_name, provider_name = str(inpainter.backend.path), inpainter.backend.name, inpainter.provider
 
@@ -1026,6 +1026,13 @@ def bench_serve(
     ]
     if model is not None:
         args += ["--model", str(model)]
+    baselines = [in_process_ips()]
+    latencies: list[float] = []
+    errors: list[str] = []
+    checked: set[int] = set()
+    lock = threading.Lock()
+    state: dict[str, Any] = {"sent": 0, "done": 0, "rss_at_50": None}
+    round_rows: list[dict[str, Any]] = []
     server = _ServerProcess(args, max(1.0, deadline - time.monotonic()))
     try:
         assert server.url is not None
@@ -1033,11 +1040,6 @@ def bench_serve(
         pid = server.process.pid
         rss_ready = _process_rss_mb(pid)
         parts = urlsplit(server.url)
-        lock = threading.Lock()
-        state: dict[str, Any] = {"next": 0, "done": 0, "rss_at_50": None}
-        latencies: list[float] = []
-        errors: list[str] = []
-        checked: set[int] = set()
 
         def check(index: int, data: bytes) -> str | None:
             rgb, mask = inputs[index]
@@ -1049,66 +1051,90 @@ def bench_serve(
                 return "known pixels changed"
             return None
 
-        def client() -> None:
-            connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=300)
-            while True:
-                with lock:
-                    number = state["next"]
-                    if number >= requests or time.monotonic() > deadline:
-                        break
-                    state["next"] += 1
-                index = number % len(bodies)
-                began = time.perf_counter()
-                problem = None
-                try:
-                    connection.request(
-                        "POST",
-                        "/v1/inpaint",
-                        body=bodies[index],
-                        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
-                    )
-                    response = connection.getresponse()
-                    data = response.read()
-                    if response.status != 200:
-                        problem = f"HTTP {response.status}: {data[:200]!r}"
-                except (OSError, http.client.HTTPException) as e:
-                    problem = f"{type(e).__name__}: {e}"
-                    connection.close()
-                    connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=300)
-                elapsed = time.perf_counter() - began
-                with lock:
-                    first_answer = problem is None and index not in checked
-                    checked.add(index)
-                if first_answer:
-                    problem = check(index, data)
-                with lock:
-                    state["done"] += 1
-                    if problem is None:
-                        latencies.append(elapsed)
-                    else:
-                        errors.append(problem)
-                    if state["done"] == min(50, requests):
-                        state["rss_at_50"] = _process_rss_mb(pid)
-            connection.close()
+        def new_connection() -> http.client.HTTPConnection:
+            return http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=300)
 
-        threads = [threading.Thread(target=client, name=f"bench-client-{i}") for i in range(concurrency)]
-        start = time.perf_counter()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(max(1.0, deadline - time.monotonic() + 310))
-        wall_s = time.perf_counter() - start
+        def one_round() -> dict[str, Any]:
+            issued = {"next": 0}
+            ok_before, errors_before = len(latencies), len(errors)
+
+            def client() -> None:
+                connection = new_connection()
+                while True:
+                    with lock:
+                        number = issued["next"]
+                        if number >= requests or time.monotonic() > deadline:
+                            break
+                        issued["next"] += 1
+                        state["sent"] += 1
+                    index = number % len(bodies)
+                    began = time.perf_counter()
+                    problem = None
+                    try:
+                        connection.request(
+                            "POST",
+                            "/v1/inpaint",
+                            body=bodies[index],
+                            headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+                        )
+                        response = connection.getresponse()
+                        data = response.read()
+                        if response.status != 200:
+                            problem = f"HTTP {response.status}: {data[:200]!r}"
+                    except (OSError, http.client.HTTPException) as e:
+                        problem = f"{type(e).__name__}: {e}"
+                        connection.close()
+                        connection = new_connection()
+                    elapsed = time.perf_counter() - began
+                    with lock:
+                        first_answer = problem is None and index not in checked
+                        checked.add(index)
+                    if first_answer:
+                        problem = check(index, data)
+                    with lock:
+                        state["done"] += 1
+                        if problem is None:
+                            latencies.append(elapsed)
+                        else:
+                            errors.append(problem)
+                        if state["done"] == min(50, requests):
+                            state["rss_at_50"] = _process_rss_mb(pid)
+                connection.close()
+
+            threads = [threading.Thread(target=client, name=f"bench-client-{i}") for i in range(concurrency)]
+            start = time.perf_counter()
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(max(1.0, deadline - time.monotonic() + 310))
+            wall_s = time.perf_counter() - start
+            ok = len(latencies) - ok_before
+            return {"ok": ok, "errors": len(errors) - errors_before, "wall_s": wall_s, "images_per_s": ok / wall_s}
+
+        for _ in range(rounds):
+            if time.monotonic() > deadline:
+                break
+            round_rows.append(one_round())
+            baselines.append(in_process_ips())  # after this round, before the next
         rss_end = _process_rss_mb(pid)
     finally:
         server.stop()
-    in_process_s.append(in_process_seconds())
     codec_s.append(with_codec_seconds())
 
+    for number, row in enumerate(round_rows):
+        row["in_process_images_per_s"] = statistics.mean(baselines[number : number + 2])
+        row["ratio"] = row["images_per_s"] / row["in_process_images_per_s"]
     served = len(latencies)
     ms = np.asarray(latencies) * 1e3 if latencies else np.asarray([np.nan])
-    server_ips = served / wall_s if wall_s > 0 else 0.0
-    in_process_ips = baseline_images / statistics.mean(in_process_s)
-    ratio = server_ips / in_process_ips if in_process_ips > 0 else 0.0
+
+    def median_and_range(key: str) -> tuple[float, list[float]]:
+        values = [row[key] for row in round_rows] or [0.0]
+        return statistics.median(values), [min(values), max(values)]
+
+    server_ips, server_range = median_and_range("images_per_s")
+    in_process, in_process_range = median_and_range("in_process_images_per_s")
+    ratio, ratio_range = median_and_range("ratio")
+    codec_ips = baseline_images / statistics.mean(codec_s)
     rss_at_50 = state["rss_at_50"]
     rss_growth = (rss_end - rss_at_50) / rss_at_50 if rss_end is not None and rss_at_50 else None
     return {
@@ -1119,7 +1145,8 @@ def bench_serve(
         "cpu_count": os.cpu_count(),
         "size": size,
         "requests": requests,
-        "sent": state["next"],
+        "rounds": rounds,
+        "sent": state["sent"],
         "concurrency": concurrency,
         "max_batch": max_batch,
         "batch_wait_ms": batch_wait_ms,
@@ -1131,22 +1158,26 @@ def bench_serve(
             "p95": float(np.percentile(ms, 95)),
             "p99": float(np.percentile(ms, 99)),
         },
-        "wall_s": wall_s,
+        "per_round": round_rows,
+        # Medians over the rounds, and their min-max.
         "server_images_per_s": server_ips,
-        "in_process_images_per_s": in_process_ips,
+        "server_images_per_s_range": server_range,
+        "in_process_images_per_s": in_process,
+        "in_process_images_per_s_range": in_process_range,
         "in_process_images": baseline_images,
-        "in_process_images_per_s_before_after": [baseline_images / s for s in in_process_s],
-        # PNG bytes in and out, as the server does: what HTTP and batching alone cost.
-        "in_process_png_images_per_s": baseline_images / statistics.mean(codec_s),
-        "ratio_to_png_in_process": server_ips * statistics.mean(codec_s) / baseline_images,
+        "in_process_measurements": baselines,
         "ratio": ratio,
+        "ratio_range": ratio_range,
+        # PNG bytes in and out, as the server does: what HTTP and batching alone cost.
+        "in_process_png_images_per_s": codec_ips,
+        "ratio_to_png_in_process": server_ips / codec_ips if codec_ips > 0 else 0.0,
         "rss_mb": {"ready": rss_ready, "after_50": rss_at_50, "after_all": rss_end},
         "goals": {
             "throughput": {
                 "goal": SERVE_GOAL_RATIO,
                 "ratio": ratio,
                 "errors": len(errors),
-                "met": ratio >= SERVE_GOAL_RATIO and not errors and served == requests,
+                "met": ratio >= SERVE_GOAL_RATIO and not errors and served == requests * rounds,
             },
             "rss_stable": {
                 "goal": SERVE_GOAL_RSS_GROWTH,
