@@ -254,6 +254,8 @@ def test_missing_opencv_fails_poisson_in_one_line_and_none_still_works(
     assert "Traceback" not in result.output and not (tmp_path / "a.png").exists()
     result = CliRunner().invoke(cli, [*base, "-o", str(tmp_path / "b.png"), "--blend", "none"])
     assert result.exit_code == 0, result.output
+    crop = CliRunner().invoke(cli, [*base, "-o", str(tmp_path / "c.png"), "--blend", "none", "--strategy", "crop"])
+    assert crop.exit_code == 1 and "opencv" in crop.output and "Traceback" not in crop.output  # hole boxes need it
     with pytest.raises(InputError, match="opencv"):
         Inpainter(exported_model.folder, provider="cpu")
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from gantool.config import ModelConfig
 from gantool.constants import BACKEND_CHOICES, BACKENDS, CHECKPOINTS_DIR, LAST_CHECKPOINT, RUN_EXPORT_DIR
-from gantool.errors import InputError, ModelError, choice_error, first_line
+from gantool.errors import InputError, ModelError, check_choice, first_line
 
 log = logging.getLogger(__name__)
 
@@ -217,8 +217,7 @@ def resolve_model(model: str | Path | None, backend: str = "auto") -> tuple[Path
     picks from the file, and in a folder takes the first of :data:`BACKENDS`
     that has a file.
     """
-    if backend not in BACKEND_CHOICES:
-        raise choice_error("backend", backend, BACKEND_CHOICES)
+    check_choice("backend", backend, BACKEND_CHOICES)
     if model is None:
         folder = default_model_dir()
         if folder is None:

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from gantool.config import BENCH_TRAIN_BATCH, TrainConfig
 from gantool.constants import BACKENDS, BENCH_INPAINT_PATHS, DEFAULT_BLEND, DEFAULT_INT8_MIN_PSNR, PRECISION_BACKENDS
-from gantool.errors import GantoolError, InputError, ModelError, choice_error, first_line
+from gantool.errors import GantoolError, InputError, ModelError, check_choice, choice_error, first_line
 from gantool.export import MIN_BF16_PSNR, MIN_FP16_PSNR
 from gantool.inference import inpaint_images
 from gantool.networks import CompletionNetwork, ContextDiscriminator, crop_local, fold_batchnorm
@@ -215,8 +215,7 @@ def parse_path(path: str) -> tuple[str, str]:
     """``"onnx:int8"`` -> ("onnx", "int8"); ``"pt2"`` -> ("pt2", "fp32")."""
     backend, _, precision = path.partition(":")
     precision = precision or "fp32"
-    if backend not in INPAINT_BACKENDS:
-        raise choice_error("backend", backend, INPAINT_BACKENDS)
+    check_choice("backend", backend, INPAINT_BACKENDS)
     if precision not in PRECISION_GATES or (precision != "fp32" and backend not in PRECISION_BACKENDS[precision]):
         choices = [p for p in INPAINT_PATHS if p.startswith(backend)]
         raise choice_error("path", path, choices)
@@ -1031,7 +1030,7 @@ def bench_serve(
     errors: list[str] = []
     checked: set[int] = set()
     lock = threading.Lock()
-    state: dict[str, Any] = {"sent": 0, "done": 0, "rss_at_50": None}
+    state: dict[str, Any] = {"done": 0, "rss_at_50": None}
     round_rows: list[dict[str, Any]] = []
     server = _ServerProcess(args, max(1.0, deadline - time.monotonic()))
     try:
@@ -1066,7 +1065,6 @@ def bench_serve(
                         if number >= requests or time.monotonic() > deadline:
                             break
                         issued["next"] += 1
-                        state["sent"] += 1
                     index = number % len(bodies)
                     began = time.perf_counter()
                     problem = None
@@ -1109,7 +1107,13 @@ def bench_serve(
                 thread.join(max(1.0, deadline - time.monotonic() + 310))
             wall_s = time.perf_counter() - start
             ok = len(latencies) - ok_before
-            return {"ok": ok, "errors": len(errors) - errors_before, "wall_s": wall_s, "images_per_s": ok / wall_s}
+            return {
+                "sent": issued["next"],
+                "ok": ok,
+                "errors": len(errors) - errors_before,
+                "wall_s": wall_s,
+                "images_per_s": ok / wall_s,
+            }
 
         for _ in range(rounds):
             if time.monotonic() > deadline:
@@ -1146,7 +1150,7 @@ def bench_serve(
         "size": size,
         "requests": requests,
         "rounds": rounds,
-        "sent": state["sent"],
+        "sent": sum(row["sent"] for row in round_rows),
         "concurrency": concurrency,
         "max_batch": max_batch,
         "batch_wait_ms": batch_wait_ms,

@@ -54,3 +54,10 @@ def first_line(error: BaseException, limit: int = 400) -> str:
 def choice_error(what: str, value: object, choices: tuple[str, ...] | list[str]) -> InputError:
     """The one wording for a value outside an enumeration."""
     return InputError(f"unknown {what} {value!r} (choose from {', '.join(choices)})")
+
+
+def check_choice(what: str, value: str, choices: tuple[str, ...] | list[str]) -> str:
+    """``value`` if it is one of ``choices``, else :func:`choice_error` raised."""
+    if value not in choices:
+        raise choice_error(what, value, choices)
+    return value

@@ -34,7 +34,7 @@ from gantool.constants import (
     DEFAULT_STRATEGY,
     STRATEGIES,
 )
-from gantool.errors import InputError, choice_error
+from gantool.errors import InputError, check_choice
 from gantool.processing import (
     alpha_hole_mask,
     blend_output,
@@ -44,6 +44,7 @@ from gantool.processing import (
     float_to_output_array,
     image_to_array,
     image_to_output_array,
+    import_cv2,
     mask_to_array,
     output_array_to_image,
     output_mode,
@@ -90,8 +91,7 @@ class Window:
 
 def choose_strategy(strategy: str, height: int, width: int, train_size: int) -> str:
     """Resolve ``auto``: ``crop`` above AUTO_CROP_FACTOR x the train size, else ``full``."""
-    if strategy not in STRATEGIES:
-        raise choice_error("strategy", strategy, STRATEGIES)
+    check_choice("strategy", strategy, STRATEGIES)
     if strategy == "auto":
         return "crop" if max(height, width) > AUTO_CROP_FACTOR * train_size else "full"
     return strategy
@@ -103,8 +103,7 @@ def hole_boxes(mask: np.ndarray) -> list[tuple[int, int, int, int]]:
     hole = np.asarray(mask) > 0.5
     if not hole.any():
         return []
-    import cv2  # a core dependency; imported here to keep `import gantool` light
-
+    cv2 = import_cv2()  # a core dependency; a broken install gets one line, not a traceback
     count, _, stats, _ = cv2.connectedComponentsWithStats(hole.view(np.uint8), connectivity=8)
     boxes = (
         (int(top), int(left), int(top + height), int(left + width))
@@ -416,8 +415,7 @@ class Inpainter:
         precision: str = DEFAULT_PRECISION,
         blend: str = DEFAULT_BLEND,
     ) -> None:
-        if strategy not in STRATEGIES:
-            raise choice_error("strategy", strategy, STRATEGIES)
+        check_choice("strategy", strategy, STRATEGIES)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise InputError(f"batch size must be a whole number >= 1, got {batch_size!r}")
         if crop_margin is not None and (not isinstance(crop_margin, int) or crop_margin < 0):

@@ -26,7 +26,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from gantool.config import NETWORK_STRIDE, ModelConfig
 from gantool.constants import BLEND_MODES
-from gantool.errors import InputError, SizeLimitError, choice_error, first_line
+from gantool.errors import InputError, SizeLimitError, check_choice, first_line
 
 log = logging.getLogger(__name__)
 
@@ -455,8 +455,7 @@ def _log_once(message: str) -> None:
 
 def check_blend(blend: str) -> str:
     """``blend`` if it is one of BLEND_MODES and can run here (OpenCV for "poisson"); else InputError."""
-    if blend not in BLEND_MODES:
-        raise choice_error("blend mode", blend, BLEND_MODES)
+    check_choice("blend mode", blend, BLEND_MODES)
     if blend == "poisson":
         import_cv2()  # fail before any work, not on every file
     return blend

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from gantool.constants import PROVIDERS
-from gantool.errors import ModelError, ProviderError, choice_error, first_line
+from gantool.errors import ModelError, ProviderError, check_choice, first_line
 
 log = logging.getLogger(__name__)
 
@@ -143,9 +143,7 @@ class OpenedSession:
 
 
 def check_provider(provider: str) -> str:
-    if provider not in PROVIDERS:
-        raise choice_error("provider", provider, PROVIDERS)
-    return provider
+    return check_choice("provider", provider, PROVIDERS)
 
 
 _ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")

@@ -49,7 +49,7 @@ from gantool.constants import (
     RAY_MANIFEST_NAME,
     STRATEGIES,
 )
-from gantool.errors import InputError, choice_error, first_line
+from gantool.errors import InputError, check_choice, first_line
 from gantool.fileio import ensure_writable_dir
 from gantool.pipeline import (
     FILE_ERRORS,
@@ -369,8 +369,7 @@ def _check_choices(provider: str, backend_name: str, precision: str, strategy: s
         ("precision", precision, PRECISIONS),
         ("strategy", strategy, STRATEGIES),
     ):
-        if value not in choices:
-            raise choice_error(what, value, choices)
+        check_choice(what, value, choices)
 
 
 def ray_inpaint(

@@ -59,7 +59,7 @@ from gantool.artifacts import (
 )
 from gantool.config import ModelConfig
 from gantool.constants import BACKEND_CHOICES, PRECISION_BACKENDS, PRECISIONS, PROVIDERS
-from gantool.errors import InputError, ModelError, choice_error, first_line
+from gantool.errors import InputError, ModelError, check_choice, first_line
 from gantool.providers import OpenedSession, cpu_isa_flags, cuda_device_visible, open_session, torch_device
 
 
@@ -138,8 +138,7 @@ class OnnxBackend(Backend):
 
     def __init__(self, path: str | Path, provider: str = "auto", precision: str = "auto") -> None:
         path = Path(path)
-        if precision not in PRECISIONS:
-            raise choice_error("precision", precision, PRECISIONS)
+        check_choice("precision", precision, PRECISIONS)
         if precision == "bf16":
             raise InputError(f"precision bf16 needs the {' or '.join(PRECISION_BACKENDS['bf16'])} backend, not onnx")
         if not path.is_file():
@@ -450,12 +449,9 @@ def load_backend(
     model: str | Path | None = None, provider: str = "auto", backend: str = "auto", precision: str = "auto"
 ) -> Backend:
     """Open ``model`` (file, export or run folder, or None for the shipped one) with ``backend`` on ``provider``."""
-    if provider not in PROVIDERS:
-        raise choice_error("provider", provider, PROVIDERS)
-    if backend not in BACKEND_CHOICES:
-        raise choice_error("backend", backend, BACKEND_CHOICES)
-    if precision not in PRECISIONS:
-        raise choice_error("precision", precision, PRECISIONS)
+    check_choice("provider", provider, PROVIDERS)
+    check_choice("backend", backend, BACKEND_CHOICES)
+    check_choice("precision", precision, PRECISIONS)
     allowed = PRECISION_BACKENDS.get(precision)
     if allowed and backend == "auto" and (model is None or Path(model).is_dir()):
         # A folder: the first backend (in auto order) that runs this precision and has a file.

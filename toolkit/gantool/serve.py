@@ -63,7 +63,7 @@ from gantool.errors import (
     GantoolError,
     InputError,
     SizeLimitError,
-    choice_error,
+    check_choice,
     first_line,
 )
 from gantool.inference import (
@@ -122,8 +122,7 @@ class ServeSettings:
             raise InputError("--max-batch and --max-queue must be at least 1")
         if self.batch_wait_ms < 0 or self.max_upload_mb <= 0 or self.max_pixels < 1:
             raise InputError("--batch-wait-ms must be >= 0, --max-upload-mb and --max-pixels positive")
-        if self.strategy not in STRATEGIES:
-            raise choice_error("strategy", self.strategy, STRATEGIES)
+        check_choice("strategy", self.strategy, STRATEGIES)
 
     @property
     def max_body_bytes(self) -> int:
@@ -612,12 +611,9 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
         """The image with its holes filled: the input's size and orientation, known
         pixels identical to the decoded input. Holes come from the mask and/or the
         boxes (combined), else from the image's transparent pixels."""
-        if strategy not in STRATEGIES:
-            raise choice_error("strategy", strategy, STRATEGIES)
-        if blend not in BLEND_MODES:
-            raise choice_error("blend", blend, BLEND_MODES)
-        if output_format not in info["formats"]:
-            raise choice_error("format", output_format, tuple(info["formats"]))
+        check_choice("strategy", strategy, STRATEGIES)
+        check_choice("blend", blend, BLEND_MODES)
+        check_choice("format", output_format, tuple(info["formats"]))
         decoded, holes = await run_in_threadpool(
             decode_request,
             image.file,
