@@ -212,7 +212,7 @@ stage_install() {
     [[ $editable == true ]] || echo "editable install failed: gantool runs from PYTHONPATH=$REPO/toolkit"
     printf '{"method": "%s", "editable_install": %s}\n' "$method" "$editable" >"$WORK/results/install.json"
     echo "$method"
-    "$PY" -c 'import gantool.train, gantool.cli, gantool.export; print("gantool imports")'
+    "$PY" -c 'import gantool.training.loop, gantool.cli, gantool.export.exporter; print("gantool imports")'
 }
 
 stage_env() {
@@ -234,7 +234,7 @@ try:
     info["onnxruntime_build_providers"] = ort.get_available_providers()  # what is built in, not what runs
 except Exception as e:
     info["onnxruntime"] = f"not importable: {e}"
-from gantool.train import amp_supported
+from gantool.training.loop import amp_supported
 info["gantool_amp_supported"] = amp_supported(torch.device(os.environ["DEVICE"]))
 with open(os.path.join(os.environ["WORK"], "results", "env.json"), "w") as f:
     json.dump(info, f, indent=2)
@@ -328,8 +328,8 @@ stage_formats() {
     "$PY" - <<'PYEOF'
 import json, math, os, sys
 import numpy as np
-from gantool.parity import compare, report_to_json
-from gantool.runtime import load_backend
+from gantool.export.parity import compare, report_to_json
+from gantool.runtime.backends import load_backend
 folder = os.path.join(os.environ["WORK"], "export_formats")
 rng = np.random.default_rng(0)
 image = rng.random((2, 3, 64, 96), dtype=np.float32)

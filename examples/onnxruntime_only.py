@@ -26,7 +26,7 @@ if "--blend" in sys.argv[5:]:
     import cv2
 
     m, hole = 8, mask[0, 0] > 0.5  # reflect-pad by m: seamlessClone fails on a mask that touches the border
-    pad = lambda a: np.pad(a, ((m, m), (m, m), (0, 0))[: a.ndim], "symmetric")  # noqa: E731
+    pad = lambda a: np.pad(a, ((m, m), (m, m), (0, 0))[: a.ndim], "symmetric")
     holes = pad(hole.astype(np.uint8))
     known = pad(np.rint(image[0].transpose(1, 2, 0) * 255).astype(np.uint8))
     base = cv2.inpaint(known, holes * 255, 1, cv2.INPAINT_TELEA)  # fast marching (Telea) fills the hole

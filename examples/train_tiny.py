@@ -16,8 +16,8 @@ import json
 import sys
 from pathlib import Path
 
-from gantool.config import TrainConfig
-from gantool.train import train
+from gantool.core.config import TrainConfig
+from gantool.training.loop import train
 
 
 def main() -> None:

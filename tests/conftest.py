@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from gantool.checkpoint import save_checkpoint
-from gantool.config import ModelConfig
-from gantool.networks import CompletionNetwork
+from gantool.core.config import ModelConfig
+from gantool.nn.networks import CompletionNetwork
+from gantool.training.checkpoint import save_checkpoint
 from tiny import TINY_CONFIG
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -85,7 +85,7 @@ def modern_export(checkpoint_factory: Callable[..., Path]):
     """One verified export of a tiny trained generator to every format of today (ONNX fp32 + int8,
     generator.pt2, and generator.aoti.pt2 compiled for the CPU), made once per test session:
     the AOTInductor compile alone takes about a minute on 2 cores."""
-    from gantool.export import export_generator  # delayed: the session may not need it
+    from gantool.export.exporter import export_generator  # delayed: the session may not need it
 
     checkpoint = checkpoint_factory("trained", seed=11, step=5, phase="joint")
     return export_generator(

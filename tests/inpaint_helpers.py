@@ -1,5 +1,5 @@
 """Shared by test_runtime.py and test_inpaint.py: one tiny exported model per
-test session (made with gantool.export, the one way to export) and small images.
+test session (made with gantool.export.exporter, the one way to export) and small images.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gantool.providers import cuda_device_visible
+from gantool.runtime.providers import cuda_device_visible
 
 NO_GPU_ONLY = pytest.mark.skipif(cuda_device_visible(), reason="assumes a machine without a GPU")
 GPU_ONLY = pytest.mark.skipif(not cuda_device_visible(), reason="needs an NVIDIA GPU")
@@ -43,7 +43,7 @@ _CACHE: dict[str, ExportedModel] = {}  # one export per session, however many mo
 def exported_model(checkpoint_factory: Callable[..., Path]) -> ExportedModel:
     """A briefly trained tiny generator (train size 32, stride 4), exported once."""
     if "model" not in _CACHE:
-        from gantool.export import export_generator
+        from gantool.export.exporter import export_generator
 
         checkpoint = checkpoint_factory("trained", seed=3, step=4, phase="g")
         result = export_generator(checkpoint, checkpoint.parent.parent / "export", fp16=True, verify=False)

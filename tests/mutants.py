@@ -60,7 +60,7 @@ MUTANTS: list[Mutant] = [
     # ---------------------------------------------------------------- loss targets and weights
     Mutant(
         "g_adversarial_target_flipped",
-        "losses.py",
+        "nn/losses.py",
         "return alpha * F.binary_cross_entropy_with_logits(fake_logits, torch.ones_like(fake_logits))",
         "return alpha * F.binary_cross_entropy_with_logits(fake_logits, torch.zeros_like(fake_logits))",
         (
@@ -71,7 +71,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "d_real_target_flipped",
-        "losses.py",
+        "nn/losses.py",
         "real = F.binary_cross_entropy_with_logits(real_logits, torch.ones_like(real_logits))",
         "real = F.binary_cross_entropy_with_logits(real_logits, torch.zeros_like(real_logits))",
         (
@@ -81,35 +81,35 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "g_alpha_ignored",
-        "losses.py",
+        "nn/losses.py",
         "return alpha * F.binary_cross_entropy_with_logits(fake_logits,",
         "return F.binary_cross_entropy_with_logits(fake_logits,",
         (f"{ORACLES}::test_generator_adversarial_loss_targets_real",),
     ),
     Mutant(
         "d_alpha_ignored",
-        "losses.py",
+        "nn/losses.py",
         "return alpha * (real + fake) / 2",
         "return (real + fake) / 2",
         (f"{ORACLES}::test_discriminator_loss_is_alpha_times_half_the_bce_sum",),
     ),
     Mutant(
         "recon_weight_ignored",
-        "train.py",
+        "training/loop.py",
         "loss_g = cfg.recon_weight * loss_rec + loss_adv",
         "loss_g = loss_rec + loss_adv",
         (f"{ORACLES}::test_generator_step_gradient_is_recon_weight_times_hole_mse_plus_alpha_times_bce_real",),
     ),
     Mutant(
         "hole_mask_dropped_from_reconstruction",
-        "losses.py",
+        "nn/losses.py",
         "return ((output - target) ** 2 * mask).sum() / mask.sum().clamp_min(1.0)",
         "return ((output - target) ** 2).mean()",
         (f"{ORACLES}::test_hole_mse_is_the_mean_over_hole_pixels_and_channels",),
     ),
     Mutant(
         "joint_phase_without_adversarial_loss",
-        "train.py",
+        "training/loop.py",
         'adversarial=phase == "joint")',
         "adversarial=False)",
         (f"{LOOP}::test_twin_gantool_generator_gradient_comes_from_a_fresh_pass_through_the_updated_d",),
@@ -117,14 +117,14 @@ MUTANTS: list[Mutant] = [
     # --------------------------------------------------------------------- detach and freeze
     Mutant(
         "detach_removed_in_d_step",
-        "train.py",
+        "training/loop.py",
         "discriminator_step(nets, opt_d, real, fake.detach().float(), corners, cfg, autocast)",
         "discriminator_step(nets, opt_d, real, fake.float(), corners, cfg, autocast)",
         (f"{LOOP}::test_twin_gantool_joint_steps_run_and_move_both_networks",),
     ),
     Mutant(
         "d_not_frozen_in_g_step",
-        "train.py",
+        "training/loop.py",
         "set_requires_grad(nets.discriminator, False)  # G's loss",
         "set_requires_grad(nets.discriminator, True)  # G's loss",
         (f"{LOOP}::test_twin_gantool_joint_step_leaves_only_d_loss_gradients_in_d",),
@@ -132,7 +132,7 @@ MUTANTS: list[Mutant] = [
     # ------------------------------------------------------------------------ mask contract
     Mutant(
         "mask_threshold_ge_127",
-        "processing.py",
+        "core/processing.py",
         "return zero_one if zero_one is not None else (grey > 127).astype(np.float32)",
         "return zero_one if zero_one is not None else (grey >= 127).astype(np.float32)",
         (
@@ -142,21 +142,21 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "array_mask_threshold_ge_127",
-        "processing.py",
+        "core/processing.py",
         "        return (arr > peak / 2).astype(np.float32)\n    if _is_high_bit(img):",
         "        return (arr >= (peak - 1) / 2).astype(np.float32)\n    if _is_high_bit(img):",
         (f"{BOUNDS}::test_inpainter_mask_127_is_kept_and_128_is_a_hole",),
     ),
     Mutant(
         "alpha_threshold_lt_127",
-        "processing.py",
+        "core/processing.py",
         "return (alpha <= 127).astype(np.float32)",
         "return (alpha < 127).astype(np.float32)",
         (f"{BOUNDS}::test_alpha_channel_128_is_kept_and_127_is_a_hole_inpainter",),
     ),
     Mutant(
         "box_one_pixel_too_tall",
-        "inference.py",
+        "inference/inpainter.py",
         "mask[max(0, y) : y + h, max(0, x) : x + w] = 1.0",
         "mask[max(0, y) : y + h + 1, max(0, x) : x + w] = 1.0",
         (f"{BOUNDS}::test_box_covers_exactly_its_pixels",),
@@ -164,21 +164,21 @@ MUTANTS: list[Mutant] = [
     # ------------------------------------------------------------- composite and padding
     Mutant(
         "composite_inverted",
-        "processing.py",
+        "core/processing.py",
         "return np.where(hole, result, known).astype(known.dtype, copy=False)",
         "return np.where(hole, known, result).astype(known.dtype, copy=False)",
         (f"{BOUNDS}::test_inpainter_mask_127_is_kept_and_128_is_a_hole",),
     ),
     Mutant(
         "generator_composite_inverted",
-        "networks.py",
+        "nn/networks.py",
         "return image * known + out * mask",
         "return image * mask + out * known",
         (f"{BOUNDS}::test_run_any_size_keeps_known_pixels_exactly",),
     ),
     Mutant(
         "padding_crop_back_off_by_one",
-        "processing.py",
+        "core/processing.py",
         "return batch[..., top : height - bottom, left : width - right]",
         "return batch[..., bottom : height - top, left : width - right]",
         (
@@ -190,21 +190,21 @@ MUTANTS: list[Mutant] = [
     # -------------------------------------------------------------------------- export
     Mutant(
         "bn_folding_keeps_the_bn",
-        "networks.py",
+        "nn/networks.py",
         "module[i + 1] = nn.Identity()",
         "pass  # BN left in place after folding it into the conv",
         (f"{ORACLES}::test_folded_generator_computes_what_the_eager_one_does",),
     ),
     Mutant(
         "parity_verdict_any_backend",
-        "parity.py",
+        "export/parity.py",
         '"passed": all(s["passed"] for s in summary.values()),',
         '"passed": any(s["passed"] for s in summary.values()),',
         (f"{PARITY}::test_sweep_verdict_with_one_passing_and_one_failing_backend",),
     ),
     Mutant(
         "parity_case_verdict_always_true",
-        "parity.py",
+        "export/parity.py",
         'if "error" in result or not result["known_exact"]:\n        return False',
         "if True:\n        return True",
         (
@@ -215,7 +215,7 @@ MUTANTS: list[Mutant] = [
     # ------------------------------------------------------------------- files and resume
     Mutant(
         "atomic_write_not_atomic",
-        "fileio.py",
+        "core/fileio.py",
         '        yield tmp\n        with open(tmp, "rb+") as f:  # make the bytes durable before the rename\n'
         "            os.fsync(f.fileno())\n        os.replace(tmp, path)",
         "        yield path\n        tmp.unlink(missing_ok=True)",
@@ -227,14 +227,14 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "resume_rng_restore_dropped",
-        "train.py",
+        "training/loop.py",
         'restore_rng_state(state["rng"])  # rank 0',
         "pass  # rank 0",
         (f"{LOOP}::test_resume_restores_the_rng_streams",),
     ),
     Mutant(
         "resume_optimizer_state_dropped",
-        "train.py",
+        "training/loop.py",
         'opt_g.load_state_dict(state["opt_g"])',
         "pass",
         ("test_train.py::test_resume_is_bitwise_exact",),
@@ -243,21 +243,21 @@ MUTANTS: list[Mutant] = [
     # ------------------------------------------------------------------------- metrics
     Mutant(
         "psnr_20_log10",
-        "losses.py",
+        "nn/losses.py",
         "return 10 * torch.log10(1.0 / mse)",
         "return 20 * torch.log10(1.0 / mse)",
         (f"{ORACLES}::test_psnr_and_l1_inside_and_outside_the_hole_match_numpy",),
     ),
     Mutant(
         "ssim_constants_not_squared",
-        "losses.py",
+        "nn/losses.py",
         "c1, c2 = 0.01**2, 0.03**2",
         "c1, c2 = 0.01, 0.03",
         (f"{ORACLES}::test_ssim_matches_numpy_and_the_closed_form_for_flat_images",),
     ),
     Mutant(
         "l1_hole_ignores_the_mask",
-        "losses.py",
+        "nn/losses.py",
         "return (err * m).flatten(1).sum(1) / m.flatten(1).sum(1).clamp_min(1.0)",
         "return err.flatten(1).mean(1)",
         (f"{ORACLES}::test_psnr_and_l1_inside_and_outside_the_hole_match_numpy",),
@@ -265,35 +265,35 @@ MUTANTS: list[Mutant] = [
     # ---------------------------------------------------------------- nothing stale (issue #10)
     Mutant(
         "non_finite_output_written",
-        "runtime.py",
+        "runtime/backends.py",
         "        if not finite.all():  # never write holes filled with NaN/Inf garbage",
         "        if False:  # never write holes filled with NaN/Inf garbage",
         (f"{STALE}::test_a_model_that_produces_nan_fails_the_image_and_writes_nothing",),
     ),
     Mutant(
         "mixed_export_folder_accepted",
-        "artifacts.py",
+        "core/artifacts.py",
         "    if len(set(hashes.values())) > 1:",
         "    if False:",
         (f"{STALE}::test_a_folder_that_mixes_exports_is_refused_naming_the_files",),
     ),
     Mutant(
         "stale_export_files_kept",
-        "export.py",
+        "export/exporter.py",
         "        if key not in targets:\n            stale.unlink(missing_ok=True)",
         "        if False:\n            stale.unlink(missing_ok=True)",
         (f"{STALE}::test_re_export_removes_the_older_exports_files",),
     ),
     Mutant(
         "zero_one_mask_png_ignored",
-        "processing.py",
+        "core/processing.py",
         "    if arr.size and arr.max() == 1 and arr.min() >= 0:",
         "    if False:",
         (f"{BOUNDS}::test_zero_one_mask_png_is_read_as_a_zero_one_mask_inpainter",),
     ),
     Mutant(
         "run_folder_not_claimed_exclusively",
-        "runfolder.py",
+        "training/runfolder.py",
         "        fd = os.open(folder / RUN_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)",
         "        fd = os.open(folder / RUN_FILE, os.O_WRONLY | os.O_CREAT, 0o666)",
         ("test_train.py::test_two_claims_of_one_out_folder_racing_past_the_check_let_only_one_win",),

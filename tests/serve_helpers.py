@@ -62,7 +62,7 @@ def live_server(app: Any) -> Iterator[str]:
     """Run ``app`` with uvicorn on a free 127.0.0.1 port in a thread; yields its URL."""
     import uvicorn
 
-    from gantool.serve import bind_socket, url_of
+    from gantool.serving.app import bind_socket, url_of
 
     sock = bind_socket("127.0.0.1", 0)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from gantool.checkpoint import load_checkpoint
-from gantool.losses import discriminator_loss
-from gantool.networks import crop_local
-from gantool.train import amp_supported, autocast_for, cpu_has_native_bf16, generator_step, train, train_step
+import gantool.training.loop as train_module
+from gantool.nn.losses import discriminator_loss
+from gantool.nn.networks import crop_local
+from gantool.training.checkpoint import load_checkpoint
+from gantool.training.loop import amp_supported, autocast_for, cpu_has_native_bf16, generator_step, train, train_step
 from tiny import build_optimizers, params, same, tiny_batch, tiny_networks, tiny_train_config
-import gantool.train as train_module
 
 CPU = torch.device("cpu")
 HAS_CUDA = torch.cuda.is_available()

@@ -16,16 +16,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import safetensors.torch
 import torch
 from click.testing import CliRunner
 from PIL import Image
 
 from conftest import TINY_CONFIG, random_generator
-from gantool import pipeline, processing
-from gantool.checkpoint import load_checkpoint, save_checkpoint
 from gantool.cli import cli
-from gantool.errors import InputError
+from gantool.core import processing
+from gantool.core.errors import InputError
+from gantool.inference.inpainter import pipeline
+from gantool.training.checkpoint import load_checkpoint, save_checkpoint
 
 
 class DiskFull(OSError):
@@ -69,7 +69,7 @@ def test_checkpoint_write_failing_half_way_keeps_the_previous_file(tmp_path: Pat
         half_then_fail(buffer.getvalue(), f)
 
     monkeypatch.setattr(torch, "save", failing_save)
-    # The OSError becomes one line naming the file (gantool.fileio), with its cause.
+    # The OSError becomes one line naming the file (gantool.core.fileio), with its cause.
     with pytest.raises(InputError, match=r"cannot write .*last\.pt: No space left on device"):
         save_checkpoint(path, _state(2))
     monkeypatch.undo()
@@ -78,8 +78,8 @@ def test_checkpoint_write_failing_half_way_keeps_the_previous_file(tmp_path: Pat
 
 
 def test_export_failing_half_way_keeps_the_previous_export(tmp_path: Path, monkeypatch) -> None:
-    from gantool.artifacts import ARTIFACT
-    from gantool.export import export_generator
+    from gantool.core.artifacts import ARTIFACT
+    from gantool.export.exporter import export_generator
 
     checkpoint = save_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt", _state(3))
     out = tmp_path / "export"

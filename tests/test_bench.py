@@ -15,7 +15,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from gantool.benchmarks import (
+from gantool.cli import cli
+from gantool.core.config import ModelConfig
+from gantool.core.errors import InputError
+from gantool.runtime.backends import load_backend
+from gantool.tools.benchmarks import (
     _PeakMemory,
     _TimedBackend,
     bench_crop,
@@ -27,10 +31,6 @@ from gantool.benchmarks import (
     parse_path,
     speed_goals,
 )
-from gantool.cli import cli
-from gantool.config import ModelConfig
-from gantool.errors import InputError
-from gantool.runtime import load_backend
 from inpaint_helpers import GPU_ONLY, exported_model  # noqa: F401 (fixture)
 
 ROW_KEYS = {

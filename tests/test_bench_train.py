@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from gantool.cli import cli
-from gantool.config import TrainConfig
+from gantool.core.config import TrainConfig
 
 
 def test_bench_train_json_reports_both_loops_and_their_ratio():

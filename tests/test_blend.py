@@ -1,4 +1,4 @@
-"""GLCIC's post-processing (gantool.processing.poisson_blend) and ``--blend``:
+"""GLCIC's post-processing (gantool.core.processing.poisson_blend) and ``--blend``:
 borders, several holes, (almost) full holes, masks, modes, and the crop strategy."""
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from inpaint_helpers import ExportedModel, box_mask_image, exported_model, textured_rgb  # noqa: F401
 from PIL import Image
 
-from gantool import processing
 from gantool.cli import cli
-from gantool.constants import BLEND_MODES, DEFAULT_BLEND
-from gantool.errors import InputError
-from gantool.inference import Inpainter, inpaint_arrays, plan_windows
-from gantool.processing import BLEND_MARGIN, poisson_blend
-from gantool.runtime import load_backend
+from gantool.core import processing
+from gantool.core.constants import BLEND_MODES, DEFAULT_BLEND
+from gantool.core.errors import InputError
+from gantool.core.processing import BLEND_MARGIN, poisson_blend
+from gantool.inference.inpainter import Inpainter, inpaint_arrays, plan_windows
+from gantool.runtime.backends import load_backend
+from inpaint_helpers import ExportedModel, box_mask_image, exported_model, textured_rgb  # noqa: F401
 
 
 def smooth_image(height: int, width: int) -> np.ndarray:
@@ -118,7 +118,7 @@ def test_a_hole_over_almost_the_whole_image_keeps_the_output_and_says_so_once(
     output = np.clip(truth + 0.15, 0, 1)
     almost = np.ones((40, 40), np.float32)
     almost[0, :8] = 0.0  # 0.5 % known
-    with caplog.at_level(logging.WARNING, logger="gantool.processing"):
+    with caplog.at_level(logging.WARNING, logger="gantool.core.processing"):
         for mask in (np.ones((40, 40), np.float32), almost, almost):
             result = poisson_blend(truth, output, mask)
             assert np.array_equal(result[mask > 0.5], output[mask > 0.5])

@@ -253,7 +253,7 @@ def test_save_png_is_lossless_for_every_mode(tmp_path, mode):
     # Pillow for the rest. Exact pixels back, the same mode, the same bytes to a path or a file.
     import io
 
-    from gantool.processing import save_png
+    from gantool.core.processing import save_png
 
     rng = np.random.default_rng(3)
     if mode == "I;16":

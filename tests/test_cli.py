@@ -6,8 +6,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from gantool import constants
 from gantool.cli import COMMANDS, LazyGroup, cli
+from gantool.core import constants
 
 
 def _all_command_paths() -> list[list[str]]:
@@ -46,7 +46,7 @@ def test_a_command_whose_module_is_missing_raises_instead_of_vanishing() -> None
 
 
 def test_a_lazy_attribute_that_is_not_a_command_is_refused() -> None:
-    group = LazyGroup(lazy={"odd": ("gantool.constants", "PROVIDERS", "not a command")})
+    group = LazyGroup(lazy={"odd": ("gantool.core.constants", "PROVIDERS", "not a command")})
     with pytest.raises(TypeError, match="not a click command"):
         group.get_command(click.Context(group), "odd")
 

@@ -9,10 +9,10 @@ import pytest
 import tomli_w
 from click.testing import CliRunner
 
-import gantool.train as train_module
+import gantool.training.loop as train_module
 from gantool.cli import cli
-from gantool.config import FIELD_RULES, TrainConfig, check_options, read_toml
-from gantool.errors import InputError
+from gantool.core.config import FIELD_RULES, TrainConfig, check_options, read_toml
+from gantool.core.errors import InputError
 
 TINY = {
     "size": 32,

@@ -19,12 +19,12 @@ import torch
 from click.testing import CliRunner
 from PIL import Image
 
-from gantool.checkpoint import load_generator_weights, weights_sha256
 from gantool.cli import cli
-from gantool.artifacts import default_model_dir, read_model_metadata, resolve_model
-from gantool.inference import Inpainter
-from gantool.runtime import OnnxBackend
-from gantool.provenance import find_machine_traces
+from gantool.core.artifacts import default_model_dir, read_model_metadata, resolve_model
+from gantool.export.provenance import find_machine_traces
+from gantool.inference.inpainter import Inpainter
+from gantool.runtime.backends import OnnxBackend
+from gantool.training.checkpoint import load_generator_weights, weights_sha256
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = REPO / "models"
@@ -69,7 +69,7 @@ def test_int8_model_passes_its_gate_against_the_fp32_model():
     int8_path = MODELS / "generator_int8.onnx"
     if not int8_path.is_file():
         pytest.skip("models/generator_int8.onnx is not shipped (it did not pass its gate)")
-    from gantool.parity import compare
+    from gantool.export.parity import compare
 
     meta, fp32_meta = read_model_metadata(int8_path), read_model_metadata(ONNX)
     assert meta["gantool.precision"] == "int8"
@@ -174,7 +174,7 @@ def test_an_installed_wheel_finds_the_shipped_model(tmp_path: Path):
     assert {"gantool/models/generator.onnx", "gantool/models/generator.safetensors", "gantool/models/README.md"} <= names
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)  # what pip install puts in site-packages
-    probe = ("import gantool.artifacts as r; from pathlib import Path; d = r.default_model_dir(); "
+    probe = ("import gantool.core.artifacts as r; from pathlib import Path; d = r.default_model_dir(); "
              "print(d); print(r.resolve_model(None)[0])")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
                           cwd=tmp_path, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"})

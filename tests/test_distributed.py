@@ -27,21 +27,20 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gantool.checkpoint import generator_from_checkpoint, load_checkpoint
-from gantool.config import ModelConfig, TrainConfig
-from gantool.data import InpaintingDataset, StepBatchSampler, SyntheticSource
-from gantool.distributed import (
+from gantool.core.config import ModelConfig, TrainConfig
+from gantool.core.errors import InputError
+from gantool.nn.losses import discriminator_loss, generator_adversarial_loss, hole_mse
+from gantool.nn.networks import crop_local
+from gantool.training.checkpoint import generator_from_checkpoint, load_checkpoint
+from gantool.training.data import InpaintingDataset, StepBatchSampler, SyntheticSource
+from gantool.training.distributed import (
     DistributedContext,
     rank_seed,
     seed_rank,
     setup_distributed,
     sync_batchnorm_supported,
 )
-from gantool.errors import InputError
-from gantool.losses import discriminator_loss, generator_adversarial_loss, hole_mse
-from gantool.networks import crop_local
-from gantool.train import build_networks, build_optimizers, phase_at, set_requires_grad, train
-
+from gantool.training.loop import build_networks, build_optimizers, phase_at, set_requires_grad, train
 from tiny import TINY_MODEL, tiny_train_config
 
 WORLD = 2

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import gantool.doctor as doctor
+import gantool.tools.doctor as doctor
 from gantool.cli import cli
-from gantool.providers import cuda_device_visible
+from gantool.runtime.providers import cuda_device_visible
 
 NO_GPU = pytest.mark.skipif(cuda_device_visible(), reason="checks the report of a machine without a GPU")
 GPU = pytest.mark.skipif(not cuda_device_visible(), reason="needs an NVIDIA GPU")

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 from PIL import Image
 
 from gantool.cli import cli
-from gantool.errors import InputError
-from gantool.evaluate import (
+from gantool.core.errors import InputError
+from gantool.tools.evaluate import (
     METRICS,
     comparison_grid,
     evaluate,
@@ -286,7 +286,7 @@ def test_eval_warns_on_images_smaller_than_the_evaluation_size(exported_model, i
 
 
 def test_infinite_psnr_is_shown_as_inf_and_not_ranked_best():
-    from gantool.evaluate import EvalResult
+    from gantool.tools.evaluate import EvalResult
 
     per_image = {
         "mean": {k: [1.0] if not k.startswith("psnr") else [math.inf] for k in METRICS},

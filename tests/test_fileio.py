@@ -11,9 +11,9 @@ import threading
 
 import pytest
 
-from gantool import fileio
-from gantool.errors import InputError
-from gantool.fileio import TMP_PREFIX, atomic_save, atomic_write_text
+from gantool.core import fileio
+from gantool.core.errors import InputError
+from gantool.core.fileio import TMP_PREFIX, atomic_save, atomic_write_text
 
 
 @pytest.fixture(autouse=True)
@@ -84,7 +84,7 @@ def test_a_failed_write_is_one_line_naming_the_path_and_keeps_the_old_file(tmp_p
 def test_save_checkpoint_on_a_full_disk_keeps_the_old_checkpoint(tmp_path, monkeypatch):
     import torch
 
-    from gantool.checkpoint import load_checkpoint, save_checkpoint
+    from gantool.training.checkpoint import load_checkpoint, save_checkpoint
 
     path = tmp_path / "checkpoints" / "last.pt"
     save_checkpoint(path, {"model_config": {}, "generator": {}, "step": 1, "phase": "g"})

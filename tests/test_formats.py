@@ -16,17 +16,15 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+
 from conftest import TINY_CONFIG, briefly_trained_generator, write_checkpoint
-from gantool import train as train_module
-from gantool.artifacts import KIND_AOTI, KIND_PT2, model_kind, read_model_metadata, resolve_model
-from gantool.checkpoint import load_checkpoint, weights_sha256
 from gantool.cli import cli
-from gantool.errors import InputError, ModelError
-from gantool.export import check_options, export_generator
-from gantool.parity import compare, default_cases
-from gantool.providers import cpu_isa_flags
-from gantool.quantize import QuantizationError
-from gantool.runtime import (
+from gantool.core.artifacts import KIND_AOTI, KIND_PT2, model_kind, read_model_metadata, resolve_model
+from gantool.core.errors import InputError, ModelError
+from gantool.export.exporter import check_options, export_generator
+from gantool.export.parity import compare, default_cases
+from gantool.export.quantize import QuantizationError
+from gantool.runtime.backends import (
     AotiBackend,
     EagerBackend,
     OnnxBackend,
@@ -35,6 +33,9 @@ from gantool.runtime import (
     check_aoti_package,
     load_backend,
 )
+from gantool.runtime.providers import cpu_isa_flags
+from gantool.training import loop as train_module
+from gantool.training.checkpoint import load_checkpoint, weights_sha256
 
 CASES = default_cases(TINY_CONFIG)
 CASE_IDS = [c.label.replace(" ", "-") for c in CASES]

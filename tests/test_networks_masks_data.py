@@ -7,18 +7,18 @@ import pytest
 import torch
 from PIL import Image
 
-from gantool.config import ModelConfig
-from gantool.data import ImageFolderSource, StepBatchSampler, SyntheticSource, random_crop_resize
-from gantool.errors import InputError
-from gantool.masks import box_mask, free_form_mask, generate_mask, hole_window
-from gantool.networks import (
+from gantool.core.config import ModelConfig
+from gantool.core.errors import InputError
+from gantool.core.processing import image_to_array, read_image
+from gantool.nn.masks import box_mask, free_form_mask, generate_mask, hole_window
+from gantool.nn.networks import (
     CompletionNetwork,
     ContextDiscriminator,
     count_parameters,
     fold_batchnorm,
     num_downsamples,
 )
-from gantool.processing import image_to_array, read_image
+from gantool.training.data import ImageFolderSource, StepBatchSampler, SyntheticSource, random_crop_resize
 from tiny import TINY_MODEL
 
 
@@ -123,7 +123,7 @@ def test_every_mode_becomes_rgb_in_unit_range(tmp_path):
     for i in range(len(source)):
         arr = source.load(i, 24, rng)
         assert arr.shape == (3, 24, 24) and arr.dtype == np.float32
-        assert 0.0 <= arr.min() and arr.max() <= 1.0
+        assert arr.min() >= 0.0 and arr.max() <= 1.0
     deep = image_to_array(Image.open(tmp_path / "sub" / "deep16.png"))
     assert deep.max() == pytest.approx(1.0)  # 16-bit white is white, not clipped garbage
 
@@ -207,7 +207,7 @@ def test_atomic_writes_leave_nothing_on_failure_and_use_normal_permissions(tmp_p
     import os
     import stat
 
-    from gantool.fileio import atomic_path, atomic_write_text
+    from gantool.core.fileio import atomic_path, atomic_write_text
 
     target = tmp_path / "out.txt"
     atomic_write_text(target, "first")
@@ -215,10 +215,9 @@ def test_atomic_writes_leave_nothing_on_failure_and_use_normal_permissions(tmp_p
     umask = os.umask(0)
     os.umask(umask)
     assert mode == 0o666 & ~umask
-    with pytest.raises(RuntimeError):
-        with atomic_path(target) as tmp:
-            tmp.write_text("half-writ")
-            raise RuntimeError("disk full")
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_text("half-writ")
+        raise RuntimeError("disk full")
     assert target.read_text() == "first" and [p.name for p in tmp_path.iterdir()] == ["out.txt"]
     with pytest.raises(InputError, match="refusing to overwrite"):
         atomic_write_text(target, "second", overwrite=False)

@@ -22,18 +22,18 @@ import onnx
 import pytest
 import torch
 from click.testing import CliRunner, Result
-from conftest import TINY_CONFIG, briefly_trained_generator, write_checkpoint
-from inpaint_helpers import ExportedModel, exported_model, textured_rgb  # noqa: F401
 from onnx import numpy_helper
 from PIL import Image
 
-from gantool.artifacts import read_model_metadata
-from gantool.checkpoint import save_checkpoint
+from conftest import TINY_CONFIG, briefly_trained_generator, write_checkpoint
 from gantool.cli import cli
-from gantool.errors import InputError, ModelError
-from gantool.export import export_generator
-from gantool.inference import Inpainter
-from gantool.processing import mask_to_array, read_image
+from gantool.core.artifacts import read_model_metadata
+from gantool.core.errors import InputError, ModelError
+from gantool.core.processing import mask_to_array, read_image
+from gantool.export.exporter import export_generator
+from gantool.inference.inpainter import Inpainter
+from gantool.training.checkpoint import save_checkpoint
+from inpaint_helpers import ExportedModel, exported_model, textured_rgb  # noqa: F401
 
 
 def invoke(*args: str | Path) -> Result:
@@ -251,7 +251,7 @@ def test_torch_is_not_needed_to_inspect_an_onnx_folder(exported_model: ExportedM
     import sys
 
     code = (
-        "import sys; from gantool.artifacts import check_export_folder; "
+        "import sys; from gantool.core.artifacts import check_export_folder; "
         f"check_export_folder({str(exported_model.folder)!r}); print('torch' in sys.modules)"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "toolkit")}

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from conftest import TINY_CONFIG, briefly_trained_generator
-from gantool.losses import discriminator_loss, generator_adversarial_loss, hole_mse, l1, psnr, ssim
-from gantool.networks import crop_local, fold_batchnorm
-from gantool.train import discriminator_step, generator_step, validate
+from gantool.nn.losses import discriminator_loss, generator_adversarial_loss, hole_mse, l1, psnr, ssim
+from gantool.nn.networks import crop_local, fold_batchnorm
+from gantool.training.loop import discriminator_step, generator_step, validate
 from tiny import build_optimizers, no_autocast, tiny_batch, tiny_networks, tiny_train_config
 
 REAL_LOGITS = [2.0, -1.0, 0.0, 0.25]
@@ -170,7 +170,7 @@ def test_training_validation_metrics_match_numpy(tmp_path: Path):
 
 
 def test_eval_image_metrics_match_numpy():
-    from gantool.evaluate import image_metrics
+    from gantool.tools.evaluate import image_metrics
 
     pred, truth, mask = _pair(seed=4)
     got = image_metrics(pred.transpose(1, 2, 0), truth.transpose(1, 2, 0), mask[0])

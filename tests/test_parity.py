@@ -2,7 +2,7 @@
 
 Tiny generators (random weights, and briefly trained ones whose BatchNorm
 statistics moved) are exported once per module; every backend is then compared
-with eager PyTorch on every case of :func:`gantool.parity.default_cases`.
+with eager PyTorch on every case of :func:`gantool.export.parity.default_cases`.
 """
 
 from __future__ import annotations
@@ -14,13 +14,10 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT, TINY_CONFIG, briefly_trained_generator, random_generator
-from inpaint_helpers import GPU_ONLY
-from gantool.checkpoint import generator_from_checkpoint, load_checkpoint, load_generator_weights, weights_sha256
-from gantool.config import ModelConfig
-from gantool.artifacts import read_model_metadata
-from gantool.export import HalfPrecisionGenerator, export_generator
-from gantool.networks import fold_batchnorm
-from gantool.parity import (
+from gantool.core.artifacts import read_model_metadata
+from gantool.core.config import ModelConfig
+from gantool.export.exporter import HalfPrecisionGenerator, export_generator
+from gantool.export.parity import (
     BackendSpec,
     ParityCase,
     case_inputs,
@@ -33,6 +30,14 @@ from gantool.parity import (
     psnr_uint8,
     torch_backend,
 )
+from gantool.nn.networks import fold_batchnorm
+from gantool.training.checkpoint import (
+    generator_from_checkpoint,
+    load_checkpoint,
+    load_generator_weights,
+    weights_sha256,
+)
+from inpaint_helpers import GPU_ONLY
 
 ATOL = 1e-4
 MIN_PSNR = 40.0
@@ -105,8 +110,8 @@ MODERN_GATES = {"pt2": None, "aoti": None, "int8": 35.0, "pt2-bf16": 35.0}
 
 
 def _modern_backend(export, name: str):
-    from gantool.runtime import load_backend
-    from gantool.train import cpu_has_native_bf16
+    from gantool.runtime.backends import load_backend
+    from gantool.training.loop import cpu_has_native_bf16
 
     if name == "pt2-bf16" and not cpu_has_native_bf16():
         pytest.skip("this CPU has no native bf16")

@@ -1,4 +1,4 @@
-"""Exports carry no trace of the machine that built them (gantool.provenance):
+"""Exports carry no trace of the machine that built them (gantool.export.provenance):
 reproducible bytes from two working folders, --keep-debug-info, the scanner and
 scrubbers on foreign files, and ``gantool info``'s warning."""
 
@@ -20,9 +20,14 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper
 
 from gantool.cli import cli
-from gantool.errors import ModelError
-from gantool.export import export_generator
-from gantool.provenance import find_machine_traces, redact_paths, strip_onnx_debug_info, strip_torchscript_debug_info
+from gantool.core.errors import ModelError
+from gantool.export.exporter import export_generator
+from gantool.export.provenance import (
+    find_machine_traces,
+    redact_paths,
+    strip_onnx_debug_info,
+    strip_torchscript_debug_info,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning", "ignore:`torch.jit:FutureWarning")
 
@@ -118,9 +123,9 @@ def test_export_help_lists_keep_debug_info():
 
 
 def test_export_fails_and_writes_nothing_when_a_file_stays_dirty(checkpoint_factory, tmp_path, monkeypatch):
-    import gantool.export
+    import gantool.export.exporter
 
-    monkeypatch.setattr(gantool.export, "strip_onnx_debug_info", lambda model: 0)  # a scrubber that misses
+    monkeypatch.setattr(gantool.export.exporter, "strip_onnx_debug_info", lambda model: 0)  # a scrubber that misses
     out = tmp_path / "out"
     with pytest.raises(ModelError, match="generator.onnx still carries build-machine traces"):
         export_generator(checkpoint_factory("random", seed=13), out, formats=["onnx"], verify=False)
@@ -197,7 +202,7 @@ def test_info_warns_about_a_foreign_model_with_gantool_metadata(tmp_path):
 def test_scanner_leaves_exporter_names_alone(tmp_path):
     # Node names and namespaces with slashes, the processing contract: no paths.
     node = helper.make_node("Relu", ["x"], ["/body/body.0/Conv_output_0"], name="/body/body.0/Relu")
-    node.metadata_props.add(key="namespace", value="gantool.networks.CompletionNetwork/sub: aten.sub.Tensor")
+    node.metadata_props.add(key="namespace", value="gantool.nn.networks.CompletionNetwork/sub: aten.sub.Tensor")
     node.metadata_props.add(key="note", value="mask: 1 = hole, values in [0, 1], N x 3 x H x W, a/b/c.py")
     graph = helper.make_graph(
         [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],

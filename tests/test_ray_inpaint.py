@@ -21,11 +21,11 @@ from PIL import Image
 
 import inpaint_helpers
 from gantool.cli import cli
-from gantool.constants import RAY_MANIFEST_NAME
-from gantool.errors import InputError
-from gantool.pipeline import FileResult, run_inpaint
-from gantool.ray_inpaint import DIE_ON_ENV, plan_actors, ray_inpaint
-from gantool.runtime import load_backend
+from gantool.core.constants import RAY_MANIFEST_NAME
+from gantool.core.errors import InputError
+from gantool.inference.pipeline import FileResult, run_inpaint
+from gantool.inference.ray import DIE_ON_ENV, plan_actors, ray_inpaint
+from gantool.runtime.backends import load_backend
 from inpaint_helpers import ExportedModel, box_mask_image, textured_rgb
 
 exported_model = inpaint_helpers.exported_model  # the session's tiny exported model (a fixture)

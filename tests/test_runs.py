@@ -14,12 +14,12 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-import gantool.train as train_module
+import gantool.training.loop as train_module
 from gantool.cli import cli
-from gantool.errors import InputError, TrainingError
-from gantool.runs import PLOT_GROUPS, find_runs, plot_run, read_metrics, runs_table, summarize_run
-from gantool.tracking import STATUS_FILE, TENSORBOARD_INSTALL
-from gantool.train import train
+from gantool.core.errors import InputError, TrainingError
+from gantool.training.loop import train
+from gantool.training.runs import PLOT_GROUPS, find_runs, plot_run, read_metrics, runs_table, summarize_run
+from gantool.training.tracking import STATUS_FILE, TENSORBOARD_INSTALL
 from tiny import tiny_train_config
 
 TINY_ARGS = ["--size", "32", "--local-size", "16", "--width", "4", "--disc-width", "2", "--disc-fc", "8",

@@ -9,17 +9,17 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from inpaint_helpers import GPU_ONLY, NO_GPU_ONLY, ExportedModel, exported_model, textured_rgb  # noqa: F401
 from onnx import TensorProto, helper
 from PIL import Image
 
-from gantool import artifacts
-from gantool.errors import InputError, ModelError, ProviderError
-from gantool.artifacts import read_model_metadata, resolve_model
-from gantool.inference import Inpainter, Window, crop_windows, hole_boxes, inpaint_arrays, plan_windows
-from gantool.processing import output_mode, paste_holes, resize_mask
-from gantool.providers import failure_cause
-from gantool.runtime import EagerBackend, OnnxBackend, TorchScriptBackend, load_backend
+from gantool.core import artifacts
+from gantool.core.artifacts import read_model_metadata, resolve_model
+from gantool.core.errors import InputError, ModelError, ProviderError
+from gantool.core.processing import output_mode, paste_holes, resize_mask
+from gantool.inference.inpainter import Inpainter, Window, crop_windows, hole_boxes, inpaint_arrays, plan_windows
+from gantool.runtime.backends import EagerBackend, OnnxBackend, TorchScriptBackend, load_backend
+from gantool.runtime.providers import failure_cause
+from inpaint_helpers import GPU_ONLY, NO_GPU_ONLY, ExportedModel, exported_model, textured_rgb  # noqa: F401
 
 
 def _batch(n: int, height: int, width: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -408,8 +408,8 @@ def test_inpainter_defaults_to_auto_and_opens_a_safetensors_file(exported_model:
 
 
 def test_backend_registry_matches_the_enumeration() -> None:
-    from gantool.constants import BACKENDS
-    from gantool.runtime import BACKEND_CLASSES
+    from gantool.core.constants import BACKENDS
+    from gantool.runtime.backends import BACKEND_CLASSES
 
     assert tuple(BACKEND_CLASSES) == BACKENDS
     assert all(cls.name == name for name, cls in BACKEND_CLASSES.items())  # type: ignore[attr-defined]

@@ -27,8 +27,8 @@ with warnings.catch_warnings():  # starlette's TestClient warns about httpx's fu
 
 from gantool import Inpainter
 from gantool.cli import cli
-from gantool.inference import inpaint_images
-from gantool.serve import ServeSettings, build_app, is_loopback
+from gantool.inference.inpainter import inpaint_images
+from gantool.serving.app import ServeSettings, build_app, is_loopback
 from inpaint_helpers import exported_model, textured_rgb  # noqa: F401 (fixture)
 from serve_helpers import (
     decode,
@@ -194,7 +194,7 @@ def test_exif_rotated_upload_comes_back_upright(client: TestClient):
     exif = Image.Exif()
     exif[0x0112] = 6
     jpeg = encode(stored, "JPEG", quality=95, exif=exif.tobytes())
-    from gantool.processing import read_image
+    from gantool.core.processing import read_image
 
     upright = np.asarray(read_image(__import__("io").BytesIO(jpeg)))
     assert upright.shape[:2] == (48, 32)
@@ -412,17 +412,17 @@ def test_unexpected_errors_are_one_json_line(gated: GatedBackend, client: TestCl
     rgb, hole = rgb_and_mask()
     mask = encode((hole * 255).astype(np.uint8))
     # A decoder blowing up with an odd exception on a crafted upload is still bad input.
-    import gantool.serve
+    import gantool.serving.app
 
-    real_read = gantool.serve.read_image
+    real_read = gantool.serving.app.read_image
     monkeypatch.setattr(
-        gantool.serve,
+        gantool.serving.app,
         "read_image",
         lambda *a, **k: (_ for _ in ()).throw(struct.error("bad")),
     )
     response = post(client, encode(rgb), mask)
     assert response.status_code == 400 and response.json() == {"error": "cannot decode the upload: bad"}
-    monkeypatch.setattr(gantool.serve, "read_image", real_read)
+    monkeypatch.setattr(gantool.serving.app, "read_image", real_read)
     # A failure inside the model is a 500 with one line, never a traceback.
     gated.fail_with = RuntimeError("kaboom\nsecond line")
     response = post(client, encode(rgb), mask)
@@ -627,7 +627,7 @@ def test_serve_process_prints_startup_lines_and_warns_without_a_key(exported_mod
 
 
 def test_bench_serve_runs_and_reports(exported_model):  # noqa: F811
-    from gantool.benchmarks import bench_serve
+    from gantool.tools.benchmarks import bench_serve
 
     result = bench_serve(
         exported_model.folder,

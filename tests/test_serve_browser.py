@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gantool.processing import mask_to_array
+from gantool.core.processing import mask_to_array
 from inpaint_helpers import exported_model, textured_rgb  # noqa: F401 (fixture)
 from serve_helpers import decode, encode, serve_process, wait_ready
 

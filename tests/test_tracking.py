@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 import logging
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,9 +21,10 @@ from click.testing import CliRunner
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # the dev extra has it
 
 from gantool.cli import cli
-from gantool.errors import InputError
-from gantool.networks import crop_local
-from gantool.tracking import (
+from gantool.core.errors import InputError
+from gantool.nn.networks import crop_local
+from gantool.training.loop import _postfix, build_optimizers, train, train_step
+from gantool.training.tracking import (
     D_WIN_FAKE,
     D_WIN_MIN_RECORDS,
     D_WIN_REAL,
@@ -33,7 +34,6 @@ from gantool.tracking import (
     TENSORBOARD_INSTALL,
     DiscriminatorHealth,
 )
-from gantool.train import _postfix, build_optimizers, train, train_step
 from tiny import no_autocast, tiny_batch, tiny_networks, tiny_train_config
 
 TINY_ARGS = ["--size", "32", "--local-size", "16", "--width", "4", "--disc-width", "2", "--disc-fc", "8",
@@ -197,7 +197,7 @@ def test_health_warns_once_after_a_sustained_stretch(caplog):
     every = D_WIN_SPAN // 6
     assert D_WIN_SPAN // every + 1 >= D_WIN_MIN_RECORDS  # so the span, not the record count, decides
     steps = range(every, every * 20, every)
-    with caplog.at_level(logging.WARNING, logger="gantool.tracking"):
+    with caplog.at_level(logging.WARNING, logger="gantool.training.tracking"):
         fired = [step for step in steps if health.observe(winning(step))]
     assert fired == [steps[0] + D_WIN_SPAN]
     assert len(caplog.records) == 1 and "wins outright" in caplog.text and f"{D_WIN_REAL:.2f}" in caplog.text
@@ -235,7 +235,7 @@ def test_only_rank_zero_writes_event_files(tmp_path, subprocess_env):
 
 
 def test_run_tracker_is_quiet_on_other_ranks(tmp_path):
-    from gantool.tracking import RunTracker
+    from gantool.training.tracking import RunTracker
 
     cfg = tiny_train_config(tensorboard=True)
     with RunTracker(cfg, tmp_path, 0, "g", enabled=False) as tracker:
@@ -246,7 +246,7 @@ def test_run_tracker_is_quiet_on_other_ranks(tmp_path):
 
 
 def test_module_import_does_not_import_tensorboard(subprocess_env):
-    code = "import sys, gantool.train, gantool.runs; print('tensorboard' in sys.modules)"
+    code = "import sys, gantool.training.loop, gantool.training.runs; print('tensorboard' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], env=subprocess_env, capture_output=True, text=True,
                             check=True)
     assert result.stdout.strip() == "False"

@@ -14,12 +14,12 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-import gantool.train as train_module
-from gantool.checkpoint import generator_from_checkpoint, load_checkpoint
+import gantool.training.loop as train_module
 from gantool.cli import cli
-from gantool.config import TrainConfig, read_toml
-from gantool.errors import InputError, TrainingError
-from gantool.train import train
+from gantool.core.config import TrainConfig, read_toml
+from gantool.core.errors import InputError, TrainingError
+from gantool.training.checkpoint import generator_from_checkpoint, load_checkpoint
+from gantool.training.loop import train
 from tiny import TINY_MODEL, tiny_train_config
 
 TINY_ARGS = ["--size", "32", "--local-size", "16", "--width", "4", "--disc-width", "2", "--disc-fc", "8",
@@ -255,7 +255,7 @@ def metric_steps(run: Path) -> list[int]:
 def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path, monkeypatch):
     from datetime import datetime
 
-    from gantool.runfolder import RUN_FILE, RunPlan, claim_run_folder
+    from gantool.training.runfolder import RUN_FILE, RunPlan, claim_run_folder
 
     monkeypatch.chdir(tmp_path)
     now = datetime(2026, 1, 2, 3, 4, 5)
@@ -267,8 +267,8 @@ def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path, monkeyp
 
 def test_two_claims_of_one_out_folder_racing_past_the_check_let_only_one_win(tmp_path, monkeypatch):
     """Both processes saw an empty --out (the race); the run file's O_EXCL decides."""
-    import gantool.runfolder as runfolder
-    from gantool.errors import InputError
+    import gantool.training.runfolder as runfolder
+    from gantool.core.errors import InputError
 
     monkeypatch.setattr(runfolder, "_check_new_folder", lambda folder: None)  # both passed the check
     out = tmp_path / "shared"
@@ -281,7 +281,7 @@ def test_two_default_runs_at_once_never_share_a_folder(tmp_path, monkeypatch):
     """Two whole training runs without --out, the clock frozen to one second."""
     from datetime import datetime
 
-    import gantool.runfolder as runs_module
+    import gantool.training.runfolder as runs_module
 
     class FrozenClock(datetime):
         @classmethod
@@ -332,7 +332,7 @@ def test_resume_from_an_older_checkpoint_refuses_or_branches_with_out(tmp_path):
     branch = train({"out": str(tmp_path / "branch"), "steps_joint": 6}, resume=older, progress=False)
     assert branch.step == 10 and branch.run_dir == (tmp_path / "branch").resolve()
     assert run_files(run) == before  # the original run is untouched
-    from gantool.runfolder import read_run_file
+    from gantool.training.runfolder import read_run_file
 
     assert read_run_file(branch.run_dir)["parent"] == {"checkpoint": str(older.resolve()), "step": 4}
     assert metric_steps(branch.run_dir) == list(range(5, 11))
@@ -453,7 +453,7 @@ def test_resume_drops_metrics_lines_past_the_checkpoint(tmp_path):
 def test_a_run_in_use_is_not_resumed_twice_and_a_dead_holders_lock_is_taken_over(tmp_path):
     import socket
 
-    from gantool.runfolder import LOCK_FILE
+    from gantool.training.runfolder import LOCK_FILE
 
     cfg = tiny_train_config(out=str(tmp_path / "run"), steps_g=4, steps_d=0, steps_joint=0, checkpoint_every=2,
                             sample_every=100)

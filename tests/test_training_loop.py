@@ -18,10 +18,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gantool.losses import discriminator_loss, hole_mse
-from gantool.networks import crop_local
-import gantool.train as train_module
-from gantool.train import discriminator_step, generator_step, train, train_step
+import gantool.training.loop as train_module
+from gantool.nn.losses import discriminator_loss, hole_mse
+from gantool.nn.networks import crop_local
+from gantool.training.loop import discriminator_step, generator_step, train, train_step
 from tiny import build_optimizers, no_autocast, params, same, tiny_batch, tiny_networks, tiny_train_config
 
 

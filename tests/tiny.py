@@ -6,10 +6,10 @@ import contextlib
 
 import torch
 
-from gantool.config import ModelConfig, TrainConfig
-from gantool.data import InpaintingDataset, StepBatchSampler, SyntheticSource
-from gantool.train import Networks, DiscriminatorPair, build_optimizers
-from gantool.networks import CompletionNetwork, ContextDiscriminator
+from gantool.core.config import ModelConfig, TrainConfig
+from gantool.nn.networks import CompletionNetwork, ContextDiscriminator
+from gantool.training.data import InpaintingDataset, StepBatchSampler, SyntheticSource
+from gantool.training.loop import DiscriminatorPair, Networks, build_optimizers
 
 TINY_MODEL = dict(width=4, disc_width=2, disc_fc=8, size=32, local_size=16)
 TINY_CONFIG = ModelConfig(**TINY_MODEL)

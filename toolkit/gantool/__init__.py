@@ -12,12 +12,12 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Inpainter": "gantool.inference",
-    "ModelConfig": "gantool.config",
-    "TrainConfig": "gantool.config",
-    "CompletionNetwork": "gantool.networks",
-    "ContextDiscriminator": "gantool.networks",
-    "GantoolError": "gantool.errors",
+    "Inpainter": "gantool.inference.inpainter",
+    "ModelConfig": "gantool.core.config",
+    "TrainConfig": "gantool.core.config",
+    "CompletionNetwork": "gantool.nn.networks",
+    "ContextDiscriminator": "gantool.nn.networks",
+    "GantoolError": "gantool.core.errors",
 }
 
 __all__ = ["__version__", *_LAZY]

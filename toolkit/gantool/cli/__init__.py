@@ -2,7 +2,7 @@
 
 Each command lives in its own module and is imported only when it runs, so
 ``gantool --help`` does not pay for importing torch or onnxruntime. A
-:class:`~gantool.errors.GantoolError` raised anywhere below becomes a one-line
+:class:`~gantool.core.errors.GantoolError` raised anywhere below becomes a one-line
 ``click.ClickException`` (exit 1), never a traceback.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Callable
 import click
 
 from gantool import __version__
-from gantool.errors import GantoolError
+from gantool.core.errors import GantoolError
 
 # name -> (module, attribute, short help shown by `gantool --help`)
 COMMANDS: dict[str, tuple[str, str, str]] = {

@@ -1,4 +1,4 @@
-"""``gantool doctor``: print :func:`gantool.doctor.diagnose`'s report."""
+"""``gantool doctor``: print :func:`gantool.tools.doctor.diagnose`'s report."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def doctor(as_json: bool) -> None:
     Exit code 0 when gantool is usable on the CPU (a missing GPU is not an
     error), 1 otherwise. Each problem found comes with what to install.
     """
-    from gantool.doctor import diagnose, report_lines
+    from gantool.tools.doctor import diagnose, report_lines
 
     report = diagnose()
     if as_json:

@@ -1,4 +1,4 @@
-"""``gantool eval``: parse options, call :func:`gantool.evaluate.evaluate`, print."""
+"""``gantool eval``: parse options, call :func:`gantool.tools.evaluate.evaluate`, print."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from gantool.cli.options import backend_option, provider_option
-from gantool.constants import BLEND_MODES, DEFAULT_BLEND, DEFAULT_EVAL_GRID, MASK_KINDS
+from gantool.core.constants import BLEND_MODES, DEFAULT_BLEND, DEFAULT_EVAL_GRID, MASK_KINDS
 
 HELP_EPILOG = """\b
 Examples:
@@ -85,7 +85,7 @@ def eval_(model: str | None, data: Path, grid: Path, no_grid: bool, as_json: boo
     network alone; "gantool + Poisson blend" is what `gantool inpaint` writes
     by default (GLCIC's post-processing).
     """
-    from gantool.evaluate import evaluate
+    from gantool.tools.evaluate import evaluate
 
     result = evaluate(model, data, grid=None if no_grid else grid, **options)
     if as_json:

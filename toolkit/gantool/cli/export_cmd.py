@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from gantool.artifacts import ARTIFACT, DEFAULT_EXPORT_FORMATS
-from gantool.constants import DEFAULT_INT8_MIN_PSNR
+from gantool.core.artifacts import ARTIFACT, DEFAULT_EXPORT_FORMATS
+from gantool.core.constants import DEFAULT_INT8_MIN_PSNR
 
 
 def _size(num_bytes: int) -> str:
@@ -90,8 +90,8 @@ def export(
     The files carry no absolute path or stack trace of this machine unless
     --keep-debug-info is given.
     """
-    from gantool.export import ParityError, export_generator, find_latest_checkpoint  # delayed: imports torch
-    from gantool.parity import summary_lines
+    from gantool.export.exporter import ParityError, export_generator, find_latest_checkpoint  # delayed: imports torch
+    from gantool.export.parity import summary_lines
 
     if checkpoint is None:
         checkpoint = find_latest_checkpoint("runs")

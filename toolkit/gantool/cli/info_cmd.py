@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
-from gantool.errors import GantoolError, ModelError
-from gantool.provenance import find_machine_traces
+from gantool.core.errors import GantoolError, ModelError
+from gantool.export.provenance import find_machine_traces
 
 
 def _value(value: Any) -> str:
@@ -34,7 +34,7 @@ def info(file: Path, as_json: bool) -> None:
     Warns when a model carries absolute paths or stack traces of the machine that
     exported it (from any exporter; the JSON lists them under "warnings").
     """
-    from gantool.export import describe_file  # delayed: imports torch
+    from gantool.export.exporter import describe_file  # delayed: imports torch
 
     try:
         description = describe_file(file)

@@ -1,4 +1,4 @@
-"""``gantool inpaint``: parse options, call :func:`gantool.pipeline.run_inpaint`, print."""
+"""``gantool inpaint``: parse options, call :func:`gantool.inference.pipeline.run_inpaint`, print."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from typing import Any
 import click
 
 from gantool.cli.options import backend_option, blend_option, precision_option, provider_option, strategy_option
-from gantool.constants import DEFAULT_INPAINT_BATCH, RAY_MANIFEST_NAME
-from gantool.errors import InputError
+from gantool.core.constants import DEFAULT_INPAINT_BATCH, RAY_MANIFEST_NAME
+from gantool.core.errors import InputError
 
 
 def _parse_boxes(
     ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 ) -> list[tuple[int, int, int, int]]:
-    from gantool.inference import parse_box  # delayed: imports numpy and PIL
+    from gantool.inference.inpainter import parse_box  # delayed: imports numpy and PIL
 
     try:
         return [parse_box(v) for v in values]
@@ -148,8 +148,8 @@ def inpaint(
         return
     from tqdm import tqdm
 
-    from gantool.pipeline import ImageJob, run_inpaint  # delayed: imports numpy, onnxruntime
-    from gantool.runtime import Backend
+    from gantool.inference.pipeline import ImageJob, run_inpaint  # delayed: imports numpy, onnxruntime
+    from gantool.runtime.backends import Backend
 
     with tqdm(total=0, unit="img", file=sys.stderr, disable=None, leave=False) as bar:
 
@@ -177,7 +177,7 @@ def inpaint(
 def _reporter(bar: Any) -> Callable[[Any], None]:
     """Per-file lines (failed, skipped) above the progress bar, and its count."""
 
-    def on_result(result: Any) -> None:  # a gantool.pipeline.FileResult
+    def on_result(result: Any) -> None:  # a gantool.inference.pipeline.FileResult
         if not result.ok:
             bar.write(f"failed: {result.error}", file=sys.stderr)
         elif result.no_hole:
@@ -190,7 +190,7 @@ def _reporter(bar: Any) -> Callable[[Any], None]:
 def _inpaint_on_ray(images: tuple[str, ...], **options: Any) -> None:
     from tqdm import tqdm
 
-    from gantool.ray_inpaint import RayPlan, ray_inpaint
+    from gantool.inference.ray import RayPlan, ray_inpaint
 
     with tqdm(total=0, unit="img", file=sys.stderr, disable=None, leave=False) as bar:
 

@@ -7,7 +7,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from gantool.constants import (
+from gantool.core.constants import (
     AUTO_CROP_FACTOR,
     BACKEND_CHOICES,
     BLEND_MODES,
@@ -36,7 +36,7 @@ def explicit_options(ctx: click.Context, values: dict[str, Any]) -> dict[str, An
 
 # ----------------------------------------------------------------------------- the shared option schema
 # One definition per inference option, used by `inpaint`, `serve`, `eval` and `bench`: the choices and
-# defaults come from gantool.constants, so the CLI, the Python API and the service agree.
+# defaults come from gantool.core.constants, so the CLI, the Python API and the service agree.
 
 STRATEGY_HELP = f"auto: crop when max(H, W) > {AUTO_CROP_FACTOR} x the model's train size, else full."
 BLEND_HELP = (

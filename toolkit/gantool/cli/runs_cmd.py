@@ -32,7 +32,7 @@ def runs(path: Path, plot_path: Path | None, overwrite: bool) -> None:
     total, phase, last validation PSNR and newest checkpoint. PATH may also be
     one run folder: its summary is printed, and --plot draws its curves.
     """
-    from gantool.runs import find_runs, looks_like_run, plot_run, run_report, runs_table, summarize_run
+    from gantool.training.runs import find_runs, looks_like_run, plot_run, run_report, runs_table, summarize_run
 
     if looks_like_run(path):
         info = summarize_run(path)

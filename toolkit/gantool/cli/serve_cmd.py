@@ -1,4 +1,4 @@
-"""``gantool serve``: open the model once, then serve the API and the page (gantool.serve)."""
+"""``gantool serve``: open the model once, then serve the API and the page (gantool.serving.app)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from gantool.cli.options import (
     provider_option,
     strategy_option,
 )
-from gantool.constants import (
+from gantool.core.constants import (
     DEFAULT_SERVE_HOST,
     DEFAULT_SERVE_MAX_PIXELS,
     DEFAULT_SERVE_MAX_QUEUE,
@@ -121,7 +121,7 @@ def serve(
         raise click.ClickException(INSTALL_HINT)
     # Imported here: the serve extra (FastAPI) and the model runtimes are heavy.
     from gantool import Inpainter
-    from gantool.serve import (
+    from gantool.serving.app import (
         ServeSettings,
         bind_socket,
         build_app,

@@ -1,6 +1,6 @@
-"""``gantool train``: parse options, call :func:`gantool.train.train`, print.
+"""``gantool train``: parse options, call :func:`gantool.training.loop.train`, print.
 
-Every option's default comes from :class:`gantool.config.TrainConfig` (shown
+Every option's default comes from :class:`gantool.core.config.TrainConfig` (shown
 by ``--help``); values are checked by the library before anything is written.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 import click
 
 from gantool.cli.options import explicit_options
-from gantool.config import TrainConfig
-from gantool.constants import MASK_KINDS
+from gantool.core.config import TrainConfig
+from gantool.core.constants import MASK_KINDS
 
 HELP_EPILOG = """\b
 Examples:
@@ -123,8 +123,8 @@ def train(config_file: str | None, resume: str | None, quiet: bool, **options: A
     config.toml to the run folder. Ctrl-C or SIGTERM finishes the step, saves a
     checkpoint and exits 130 or 143; SIGUSR1 saves a checkpoint and continues.
     """
-    from gantool.config import read_toml
-    from gantool.train import train as run_training  # imports torch: only when training
+    from gantool.core.config import read_toml
+    from gantool.training.loop import train as run_training  # imports torch: only when training
 
     chosen = read_toml(config_file) if config_file else {}
     chosen.update(explicit_options(click.get_current_context(), options))

@@ -1,0 +1,81 @@
+"""Enumerations and inference defaults, defined once.
+
+The library validates against these tuples and the command line builds its
+``click.Choice`` lists and defaults from them, so adding a value is one edit.
+Training defaults live on :class:`gantool.core.config.TrainConfig` (the dataclass
+fields), model defaults on :class:`gantool.core.config.ModelConfig`.
+"""
+
+from __future__ import annotations
+
+# Where a model runs: ONNX Runtime execution providers, or the torch device.
+PROVIDERS = ("auto", "cuda", "tensorrt", "cpu")
+# How a model file is run ("auto" picks from the file; see gantool.core.artifacts). In a folder, "auto"
+# takes the first with a file, in this order: aoti comes last because its packages are tied to the
+# device and torch version they were compiled for (an export folder always holds the eager weights,
+# so "auto" takes aoti only for a package given by path).
+BACKENDS = ("onnx", "pt2", "torchscript", "eager", "aoti")
+BACKEND_CHOICES = ("auto", *BACKENDS)
+# Numerics of the model that runs. "auto": fp32, or the exported fp16 ONNX model on a GPU (never
+# int8 or bf16: those change numerics and are only used when asked for). fp16 and int8 are exported
+# ONNX files; bf16 runs the torch backends (eager, pt2) under bf16 autocast with channels_last.
+PRECISIONS = ("auto", "fp32", "fp16", "bf16", "int8")
+# Backends that can run each explicit non-fp32 precision.
+PRECISION_BACKENDS = {"fp16": ("onnx",), "int8": ("onnx",), "bf16": ("pt2", "eager")}
+# `gantool bench inpaint`'s default paths: a backend, or backend:precision (see gantool.tools.benchmarks).
+BENCH_INPAINT_PATHS = ("eager", "eager:bf16", "torchscript", "pt2", "pt2:bf16", "aoti", "onnx", "onnx:int8")
+# `gantool export --int8`'s quality gate: worst hole PSNR (dB) against the fp32 model over the parity sweep.
+DEFAULT_INT8_MIN_PSNR = 35.0
+# Where the model runs on an image (see gantool.inference.inpainter).
+STRATEGIES = ("auto", "full", "crop", "resize")
+# Training / evaluation hole shapes (see gantool.nn.masks).
+MASK_KINDS = ("box", "free", "mixed")
+# Post-processing of the network's output (see gantool.core.processing.poisson_blend):
+# "poisson" = GLCIC's fast-marching fill of the hole, then Poisson blending of the
+# network's output onto it; "none" = the raw network output.
+BLEND_MODES = ("poisson", "none")
+# Training devices.
+DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:N")
+
+# Inference defaults, shared by the CLI, the Python API and the benchmarks.
+DEFAULT_PROVIDER = "auto"
+DEFAULT_BACKEND = "auto"
+DEFAULT_PRECISION = "auto"
+DEFAULT_STRATEGY = "auto"
+DEFAULT_INPAINT_BATCH = 4
+DEFAULT_BLEND = "poisson"
+# ``auto`` switches from ``full`` to ``crop`` when max(H, W) > AUTO_CROP_FACTOR * train size.
+AUTO_CROP_FACTOR = 2
+# ``crop`` context around each hole, as a fraction of the train size.
+CROP_MARGIN_FRACTION = 0.25
+
+# `gantool serve` defaults (see gantool.serving.app).
+DEFAULT_SERVE_HOST = "127.0.0.1"
+DEFAULT_SERVE_PORT = 8000
+# Requests that arrive within BATCH_WAIT_MS of the first one run together, up to MAX_BATCH.
+# 8: at 8 concurrent clients of 512 px images on a 2-core CPU, batches of up to 8 gave
+# 15.2-17.3 images/s against 13.4-15.4 for 4 and 12.1-13.0 for 1 (bench serve).
+DEFAULT_SERVE_MAX_BATCH = 8
+DEFAULT_SERVE_BATCH_WAIT_MS = 10.0
+# Inpaint requests inside the server at once (read, queued or running); more get 503.
+DEFAULT_SERVE_MAX_QUEUE = 16
+DEFAULT_SERVE_MAX_UPLOAD_MB = 50.0
+# 40 MP: a 4000 x 3000 photo (12 MP) fits with room; decoded size is checked before decoding.
+DEFAULT_SERVE_MAX_PIXELS = 40_000_000
+SERVE_OUTPUT_FORMATS = ("png", "webp")
+# ``gantool inpaint --ray``: the run's JSON-lines record, in the output folder unless --manifest says.
+RAY_MANIFEST_NAME = "gantool-manifest.jsonl"
+
+# `gantool eval`'s comparison grid, written beside the command (never inside --data).
+DEFAULT_EVAL_GRID = "eval_grid.png"
+
+# The run folder `gantool train` writes (claimed by gantool.training.runfolder, read by gantool.training.runs).
+RUN_FILE = "gantool-run.json"  # created exclusively: marks the folder as one run's
+RUN_CONFIG_FILE = "config.toml"
+METRICS_FILE = "metrics.jsonl"
+STATUS_FILE = "status.json"  # what the training process last said (gantool.training.tracking)
+CHECKPOINTS_DIR = "checkpoints"
+LAST_CHECKPOINT = "last.pt"
+SAMPLES_DIR = "samples"
+TENSORBOARD_DIR = "tensorboard"
+RUN_EXPORT_DIR = "export"  # where `gantool export` writes by default

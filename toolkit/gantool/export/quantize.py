@@ -1,0 +1,211 @@
+"""int8 ONNX: ONNX Runtime static quantization (QDQ, per-channel weights) behind a quality gate.
+
+The fp32 export is pre-processed (``quant_pre_process``), calibrated on images
+with holes drawn like the model's training masks (:func:`calibration_batch`) and
+quantized with ``quantize_static``. Only convolutions are quantized: the
+composite (``image * known + out * mask``) stays in float, so known pixels pass
+through exactly. The result must come within ``min_psnr`` dB of the fp32 model
+inside the hole over the parity sweep (:func:`gantool.export.parity.default_cases`);
+if it does not, the first and last convolutions are left in float and it is
+tried once more. If that fails too, :class:`QuantizationError` gives the figure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import tempfile
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gantool.core.artifacts import META_CALIBRATION, META_FLOAT_NODES, META_PRECISION
+from gantool.core.config import ModelConfig, TrainConfig
+from gantool.core.constants import DEFAULT_INT8_MIN_PSNR
+from gantool.core.errors import InputError, ModelError, first_line
+from gantool.export.parity import BackendSpec, ParityCase, default_cases, onnxruntime_backend, parity_sweep
+from gantool.export.provenance import redact_paths
+from gantool.runtime.providers import open_session
+from gantool.training.data import ImageFolderSource, InpaintingDataset, SyntheticSource, open_source, validation_batch
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_IMAGES = 8
+QUANTIZED_OPS = ("Conv", "ConvTranspose")
+
+
+class QuantizationError(ModelError):
+    """The int8 model misses its quality gate; nothing was written."""
+
+
+@dataclass
+class Calibration:
+    images: np.ndarray  # N x 3 x S x S float32
+    masks: np.ndarray  # N x 1 x S x S float32, 1 = hole
+    source: str  # what the images are, in words (reported to the user)
+
+
+@dataclass
+class Int8Result:
+    hole_psnr: float  # worst hole PSNR (dB, uint8) against the fp32 model over the sweep
+    float_nodes: list[str]  # convolutions left in float
+    calibration: str
+    report: dict[str, Any]
+
+
+def calibration_batch(
+    state: dict[str, Any], config: ModelConfig, calib_dir: str | Path | None, count: int = CALIBRATION_IMAGES
+) -> Calibration:
+    """Calibration images with training-like holes: ``calib_dir``, else the run's
+    validation images (when its data folder is still there), else synthetic images."""
+    train = state.get("train_config") or {}
+    mask_kind = str(train.get("mask", TrainConfig.mask))
+    size, local = config.size, config.local_size
+    if calib_dir is not None:
+        folder = Path(calib_dir)
+        if not folder.is_dir():
+            raise InputError(f"--calib must be a folder of images, got {folder}")
+        source = ImageFolderSource(folder)
+        dataset = InpaintingDataset(source, size, local, mask_kind, None)
+        items = [dataset[(i, 1_000_003 + i)] for i in range(min(count, len(source)))]
+        images, masks = (np.stack([item[k].numpy() for item in items]) for k in (0, 1))
+        return Calibration(images, masks, f"{len(items)} images from {folder}, with {mask_kind} holes")
+    data = str(train.get("data", ""))
+    seed = int(train.get("seed", 0))
+    described = ""
+    chosen: ImageFolderSource | SyntheticSource | None = None
+    if data and data != "synthetic" and Path(data).is_dir():
+        try:
+            chosen = open_source(data, seed)
+            described = f"the run's validation images from {data}"
+        except InputError as e:
+            log.info("run data unusable for calibration: %s", first_line(e))
+    elif data == "synthetic":
+        chosen, described = SyntheticSource(seed=seed), "the run's validation images (synthetic data)"
+    if chosen is None:
+        chosen = SyntheticSource(seed=seed)
+        why = f"the run's data folder {data} is not there" if data else "the checkpoint names no training data"
+        described = f"synthetic images ({why}; pass --calib DIR for real ones)"
+    batch = validation_batch(chosen, count, size, local, mask_kind, None, seed)
+    images, masks = batch[0].numpy(), batch[1].numpy()
+    return Calibration(images, masks, f"{len(images)} {described}, with {mask_kind} holes")
+
+
+@contextlib.contextmanager
+def _quiet_quantizer() -> Iterator[None]:
+    """ONNX Runtime's quantization tools log and warn freely; silence them here only, unless debugging."""
+    if log.isEnabledFor(logging.DEBUG):
+        yield
+        return
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(previous)
+
+
+def _conv_nodes(path: Path) -> list[str]:
+    import onnx  # delayed: heavy import
+
+    model = onnx.load(str(path), load_external_data=False)
+    return [node.name for node in model.graph.node if node.op_type in QUANTIZED_OPS]
+
+
+def _quantize(pre: Path, out: Path, calibration: Calibration, exclude: list[str]) -> None:
+    from onnxruntime.quantization import (  # delayed: heavy import
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.feeds = iter(
+                {"image": calibration.images[i : i + 1], "mask": calibration.masks[i : i + 1]}
+                for i in range(len(calibration.images))
+            )
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.feeds, None)
+
+    quantize_static(
+        str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, op_types_to_quantize=list(QUANTIZED_OPS),
+        nodes_to_exclude=exclude, calibrate_method=CalibrationMethod.MinMax,
+    )  # fmt: skip
+
+
+def hole_psnr_floor(report: dict[str, Any], name: str) -> float:
+    """The worst hole PSNR of backend ``name`` over a sweep (inf when no case had a hole)."""
+    rows = [r for r in report["backends"][name]["cases"] if "error" not in r]
+    if len(rows) != len(report["backends"][name]["cases"]):
+        return 0.0
+    return min((r["psnr_hole_uint8"] for r in rows), default=math.inf)
+
+
+def quantize_int8(
+    fp32_path: Path,
+    out_path: Path,
+    metadata: dict[str, str],
+    calibration: Calibration,
+    config: ModelConfig,
+    min_psnr: float = DEFAULT_INT8_MIN_PSNR,
+    cases: Sequence[ParityCase] | None = None,
+) -> Int8Result:
+    """Quantize ``fp32_path`` into ``out_path`` (any name) or raise QuantizationError with the figure."""
+    import onnx  # delayed: heavy import
+    from onnxruntime.quantization import quant_pre_process  # delayed: heavy import
+
+    cases = list(cases) if cases is not None else default_cases(config)
+    reference = onnxruntime_backend(open_session(fp32_path, "cpu").session)
+    with tempfile.TemporaryDirectory(prefix="gantool-int8-") as tmp:
+        pre = Path(tmp) / "pre.onnx"
+        try:
+            with _quiet_quantizer():
+                quant_pre_process(str(fp32_path), str(pre), skip_symbolic_shape=True)
+        except Exception as e:  # shape inference / optimizer failures: one line
+            raise ModelError(f"int8 quantization: pre-processing failed: {first_line(e)}") from None
+        convs = _conv_nodes(pre)
+        attempts = [[], [convs[0], convs[-1]]] if len(convs) >= 2 else [[]]
+        tried: list[str] = []
+        for exclude in attempts:
+            candidate = Path(tmp) / f"int8_{len(exclude)}.onnx"
+            try:
+                with _quiet_quantizer():
+                    _quantize(pre, candidate, calibration, exclude)
+            except Exception as e:  # the quantizer raises many types
+                raise ModelError(f"int8 quantization failed: {first_line(e)}") from None
+            session = open_session(candidate, "cpu").session
+            spec = BackendSpec("int8", onnxruntime_backend(session), "int8", None, min_psnr)
+            report = parity_sweep(reference, [spec], cases, config.local_size, min_psnr=min_psnr)
+            psnr = hole_psnr_floor(report, "int8")
+            kept = "all convolutions quantized" if not exclude else f"{', '.join(exclude)} left in float"
+            log.info("int8 (%s): worst hole PSNR %.1f dB (gate %.1f dB)", kept, psnr, min_psnr)
+            tried.append(f"{psnr:.1f} dB with {kept}")
+            if report["passed"]:
+                model = onnx.load(str(candidate))
+                props = {p.key: p.value for p in model.metadata_props}
+                props.update(metadata)
+                props[META_PRECISION] = "int8"
+                props[META_FLOAT_NODES] = json.dumps(exclude)
+                props[META_CALIBRATION] = redact_paths(calibration.source)  # no path of this machine
+                del model.metadata_props[:]
+                for key, value in props.items():
+                    model.metadata_props.add(key=key, value=value)
+                onnx.save_model(model, str(out_path), save_as_external_data=False)
+                return Int8Result(psnr, exclude, calibration.source, report)
+    raise QuantizationError(
+        f"int8 model below its quality gate: worst hole PSNR against fp32 {'; '.join(tried)} "
+        f"(< {min_psnr:g} dB; --int8-min-psnr); nothing written"
+    )

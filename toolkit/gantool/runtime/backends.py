@@ -1,0 +1,472 @@
+"""Inference backends: one signature, ``run(image, mask) -> inpainted``.
+
+A backend runs an exported (or trained) generator on NCHW float32 numpy arrays
+whose H and W are multiples of ``size_multiple``:
+
+- :class:`OnnxBackend`: ONNX Runtime (``generator.onnx``, ``_fp16``, ``_int8``), CUDA / TensorRT / CPU;
+- :class:`Pt2Backend`: the torch.export program ``generator.pt2``;
+- :class:`AotiBackend`: the AOTInductor package ``generator.aoti.pt2`` (only on the device and
+  torch version it was compiled for);
+- :class:`TorchScriptBackend`: ``generator.torchscript.pt`` (legacy: TorchScript is deprecated upstream);
+- :class:`EagerBackend`: the PyTorch network from a checkpoint or ``generator.safetensors``.
+
+``precision="bf16"`` runs the eager and pt2 backends under bf16 autocast with
+channels_last (on CUDA, or on CPUs with native bf16); ``int8`` and ``fp16`` pick
+the exported ONNX files. ``auto`` never changes numerics beyond today's fp16 ONNX on a GPU.
+
+They are registered by name in :data:`BACKEND_CLASSES`; :func:`load_backend`
+finds the model file (:func:`gantool.core.artifacts.resolve_model`) and opens it.
+Each exposes ``provider`` (what really runs), ``provider_note`` (why),
+``size_multiple``, ``train_size``, ``config``, ``metadata`` and ``precision``.
+Where a model runs is decided in :mod:`gantool.runtime.providers`; pre/post-processing
+lives in :mod:`gantool.core.processing` and the strategies in :mod:`gantool.inference.inpainter`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gantool import __version__
+from gantool.core.artifacts import (
+    ARTIFACT,
+    KIND_AOTI,
+    KIND_SAFETENSORS,
+    META_AOTI_CPU_FLAGS,
+    META_AOTI_CUDA_ARCH,
+    META_AOTI_DEVICE,
+    META_MODEL_CONFIG,
+    META_PRECISION,
+    META_SOURCE,
+    META_TORCH_VERSION,
+    META_TRAIN_PHASE,
+    META_TRAIN_STEP,
+    META_VERSION,
+    PT2_METADATA_ENTRY,
+    TORCHSCRIPT_METADATA_ENTRY,
+    check_export_folder,
+    config_from_metadata,
+    model_kind,
+    read_model_metadata,
+    resolve_model,
+)
+from gantool.core.config import ModelConfig
+from gantool.core.constants import BACKEND_CHOICES, PRECISION_BACKENDS, PRECISIONS, PROVIDERS
+from gantool.core.errors import InputError, ModelError, check_choice, first_line
+from gantool.runtime.providers import OpenedSession, cpu_isa_flags, cuda_device_visible, open_session, torch_device
+
+
+class Backend:
+    """What every backend has; subclasses implement :meth:`_run`."""
+
+    name = "backend"
+
+    def __init__(self, path: Path, metadata: dict[str, str], provider: str, provider_note: str) -> None:
+        self.path = path
+        self.metadata = metadata
+        self.config: ModelConfig = config_from_metadata(metadata, path)
+        self.provider = provider
+        self.provider_note = provider_note
+
+    @property
+    def size_multiple(self) -> int:
+        return self.config.stride
+
+    @property
+    def train_size(self) -> int:
+        return self.config.size
+
+    @property
+    def precision(self) -> str:
+        return self.metadata.get(META_PRECISION, "fp32")
+
+    def run(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """Inpaint NCHW float32 ``image`` (N x 3 x H x W) with ``mask`` (N x 1 x H x W, 1 = hole).
+
+        H and W must be multiples of :attr:`size_multiple` (pad with
+        :func:`gantool.core.processing.pad_to_multiple`). Returns N x 3 x H x W float32.
+        """
+        image, mask = self._check_inputs(image, mask)
+        try:
+            out = self._run(image, mask)
+        except MemoryError:
+            raise ModelError(f"out of memory running {image.shape[0]}x{image.shape[2]}x{image.shape[3]}") from None
+        except Exception as e:  # backend libraries raise their own types; report one line
+            raise ModelError(f"{self.name} backend failed: {first_line(e)}") from None
+        out = np.asarray(out, dtype=np.float32)
+        finite = np.isfinite(out)
+        if not finite.all():  # never write holes filled with NaN/Inf garbage
+            raise ModelError(
+                f"the model produced NaN/Inf: {int(out.size - finite.sum())} of {out.size} output values "
+                f"are not finite ({self.path.name}, {self.name} on {self.provider})"
+            )
+        return out
+
+    def _check_inputs(self, image: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if image.ndim != 4 or image.shape[1] != 3:
+            raise InputError(f"image must be N x 3 x H x W, got shape {image.shape}")
+        n, _, height, width = image.shape
+        if mask.shape != (n, 1, height, width):
+            raise InputError(f"mask must be {n} x 1 x {height} x {width}, got shape {mask.shape}")
+        m = self.size_multiple
+        if height % m or width % m or height == 0 or width == 0:
+            raise InputError(f"H and W must be positive multiples of {m}, got {height} x {width} (pad first)")
+        return (
+            np.ascontiguousarray(image, dtype=np.float32),
+            np.ascontiguousarray(mask, dtype=np.float32),
+        )
+
+    def _run(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return f"{self.name} on {self.provider}"
+
+
+class OnnxBackend(Backend):
+    """ONNX Runtime. On CUDA/TensorRT: IO binding, a warm-up run, and the fp16
+    model (``generator_fp16.onnx`` beside ``generator.onnx``) when one exists."""
+
+    name = "onnx"
+
+    def __init__(self, path: str | Path, provider: str = "auto", precision: str = "auto") -> None:
+        path = Path(path)
+        check_choice("precision", precision, PRECISIONS)
+        if precision == "bf16":
+            raise InputError(f"precision bf16 needs the {' or '.join(PRECISION_BACKENDS['bf16'])} backend, not onnx")
+        if not path.is_file():
+            raise ModelError(f"model not found: {path}")
+        # precision "auto" takes the fp16 file on a GPU only; if CUDA does not load after all,
+        # the CPU runs the fp32 file.
+        gpu_likely = provider in ("cuda", "tensorrt") or (provider == "auto" and cuda_device_visible())
+        model_file = self._pick_file(path, precision, gpu=gpu_likely)
+        opened = open_session(model_file, provider)
+        if model_file != path:  # a sibling file: it must come from the same export
+            check_export_folder(path.parent)
+        cpu_file = self._pick_file(path, precision, gpu=False)
+        if not opened.on_gpu and cpu_file != model_file:
+            model_file, opened = (
+                cpu_file,
+                OpenedSession(open_session(cpu_file, "cpu").session, opened.provider, opened.note),
+            )
+        self.session = opened.session
+        metadata = dict(self.session.get_modelmeta().custom_metadata_map)
+        super().__init__(model_file, metadata, opened.provider, opened.note)
+        self._check_signature()
+        inputs = {i.name: i.type for i in self.session.get_inputs()}
+        self._input_dtype = np.float16 if inputs.get("image") == "tensor(float16)" else np.float32
+        self.on_gpu = opened.on_gpu
+        if self.on_gpu:
+            self._warm_up()
+
+    @staticmethod
+    def _pick_file(path: Path, precision: str, gpu: bool) -> Path:
+        fp32_name, fp16_name = ARTIFACT["onnx"].filename, ARTIFACT["onnx_fp16"].filename
+        fp16 = path.with_name(fp16_name)
+        if precision in ("fp16", "int8"):
+            wanted = ARTIFACT[f"onnx_{precision}"].filename
+            if path.name == wanted:
+                return path
+            beside = path.with_name(wanted)
+            if not beside.is_file():
+                raise ModelError(f"no {precision} model beside {path} (expected {wanted}; export with --{precision})")
+            return beside
+        if precision == "auto" and gpu and path.name == fp32_name and fp16.is_file():
+            return fp16
+        return path
+
+    def _check_signature(self) -> None:
+        inputs = [i.name for i in self.session.get_inputs()]
+        outputs = [o.name for o in self.session.get_outputs()]
+        if sorted(inputs) != ["image", "mask"] or "inpainted" not in outputs:
+            raise ModelError(
+                f"{self.path} is not a gantool generator (inputs {inputs}, outputs {outputs}; "
+                "expected image, mask -> inpainted)"
+            )
+
+    def _warm_up(self) -> None:
+        """One run at the training size so the first real image does not pay for initialisation."""
+        side = max(self.size_multiple, self.train_size - self.train_size % self.size_multiple)
+        image = np.zeros((1, 3, side, side), np.float32)
+        mask = np.zeros((1, 1, side, side), np.float32)
+        mask[..., side // 4 : side // 2, side // 4 : side // 2] = 1.0
+        self.run(image, mask)
+
+    def _run(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        dtype = self._input_dtype
+        feeds = {"image": image.astype(dtype, copy=False), "mask": mask.astype(dtype, copy=False)}
+        if not self.on_gpu:
+            return self.session.run(["inpainted"], feeds)[0].astype(np.float32, copy=False)
+        binding = self.session.io_binding()
+        for name, array in feeds.items():
+            binding.bind_cpu_input(name, array)
+        binding.bind_output("inpainted", "cuda")  # stays on the device until the one copy back
+        self.session.run_with_iobinding(binding)
+        return binding.copy_outputs_to_cpu()[0].astype(np.float32, copy=False)
+
+
+def bf16_refusal(device: Any) -> str:
+    """Why bf16 cannot run on torch ``device`` ("" when it can)."""
+    from gantool.training.loop import amp_supported  # delayed: the training stack imports torch
+
+    if amp_supported(device):
+        return ""
+    if device.type == "cuda":
+        return "this GPU does not support bf16"
+    return "this CPU has no native bf16 (AVX512-BF16, AMX or Arm BF16); bf16 would be emulated and slow"
+
+
+def strip_dtype_asserts(module: Any) -> Any:
+    """Remove torch.export's dtype assertions from an unlifted program, so it runs under autocast.
+
+    The exported graph asserts that intermediate tensors are float32; under bf16
+    autocast the convolutions return bf16 (and the generator casts back itself).
+    """
+    import torch  # delayed: heavy import
+
+    graph = module.graph
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.aten._assert_tensor_metadata.default:
+            graph.erase_node(node)
+    module.recompile()
+    return module
+
+
+class _TorchBackend(Backend):
+    bf16_capable = False  # eager and pt2 can run under bf16 autocast
+
+    def __init__(
+        self, path: Path, module: Any, device: Any, metadata: dict[str, str], note: str, precision: str = "auto"
+    ) -> None:
+        super().__init__(path, metadata, str(device), note)
+        self.device = device
+        self.bf16 = precision == "bf16"
+        if precision not in ("auto", "fp32", "bf16") or (self.bf16 and not self.bf16_capable):
+            backends = " or ".join(PRECISION_BACKENDS.get(precision, ("onnx",)))
+            raise InputError(f"precision {precision} needs the {backends} backend, not {self.name}")
+        if self.bf16:
+            import torch  # delayed: heavy import
+
+            why = bf16_refusal(device)
+            if why:
+                raise InputError(f"precision bf16 refused on {device}: {why}")
+            module = module.to(memory_format=torch.channels_last)
+        self.module = module
+
+    @property
+    def precision(self) -> str:
+        return "bf16" if self.bf16 else self.metadata.get(META_PRECISION, "fp32")
+
+    def _run(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        import torch  # delayed: heavy import
+
+        image_t, mask_t = torch.from_numpy(image).to(self.device), torch.from_numpy(mask).to(self.device)
+        autocast: contextlib.AbstractContextManager = contextlib.nullcontext()
+        if self.bf16:
+            image_t = image_t.contiguous(memory_format=torch.channels_last)
+            autocast = torch.autocast(self.device.type, dtype=torch.bfloat16)
+        with torch.inference_mode(), autocast:
+            out = self.module(image_t, mask_t)
+        return out.float().contiguous().cpu().numpy()
+
+
+class TorchScriptBackend(_TorchBackend):
+    """A traced generator (``generator.torchscript.pt``); metadata from its extra file."""
+
+    name = "torchscript"
+
+    def __init__(self, path: str | Path, provider: str = "auto", precision: str = "auto") -> None:
+        import torch  # delayed: heavy import
+
+        path = Path(path)
+        if not path.is_file():
+            raise ModelError(f"model not found: {path}")
+        device, note = torch_device(provider)
+        if precision not in ("auto", "fp32"):
+            raise InputError(f"precision {precision} needs the {' or '.join(PRECISION_BACKENDS[precision])} backend")
+        extra = {TORCHSCRIPT_METADATA_ENTRY: ""}
+        try:
+            with warnings.catch_warnings():  # local: TorchScript's deprecation notice is not the user's concern
+                warnings.simplefilter("ignore", DeprecationWarning)
+                warnings.simplefilter("ignore", FutureWarning)
+                module = torch.jit.load(str(path), map_location=device, _extra_files=extra)
+        except Exception as e:  # RuntimeError / ValueError for non-TorchScript or corrupt files
+            raise ModelError(f"{path} is not a readable TorchScript model ({first_line(e)})") from None
+        metadata: dict[str, str] = {}
+        if extra[TORCHSCRIPT_METADATA_ENTRY]:
+            try:
+                metadata = {str(k): str(v) for k, v in json.loads(extra[TORCHSCRIPT_METADATA_ENTRY]).items()}
+            except (ValueError, AttributeError):
+                raise ModelError(f"{path}: unreadable {TORCHSCRIPT_METADATA_ENTRY}") from None
+        super().__init__(path, module.eval(), device, metadata, note)
+
+
+class EagerBackend(_TorchBackend):
+    """The PyTorch generator from a training checkpoint (.pt) or ``generator.safetensors``."""
+
+    name = "eager"
+    bf16_capable = True
+
+    def __init__(self, path: str | Path, provider: str = "auto", precision: str = "auto") -> None:
+        # delayed: checkpoint imports torch
+        from gantool.training.checkpoint import generator_from_checkpoint, load_checkpoint, load_generator_weights
+
+        path = Path(path)
+        device, note = torch_device(provider)
+        if model_kind(path) == KIND_SAFETENSORS:
+            generator, metadata = load_generator_weights(path)
+        else:
+            state = load_checkpoint(path)
+            generator = generator_from_checkpoint(state)
+            metadata = {
+                META_VERSION: str(state.get("gantool_version", __version__)),
+                META_MODEL_CONFIG: json.dumps(generator.config.to_dict()),
+                META_TRAIN_STEP: str(state["step"]),
+                META_TRAIN_PHASE: str(state["phase"]),
+                META_SOURCE: path.name,
+            }
+        metadata.setdefault(META_PRECISION, "fp32")
+        if precision == "bf16":  # numerics change anyway: run the BN-folded network, as the exports do
+            from gantool.nn.networks import fold_batchnorm  # delayed: imports torch
+
+            module: Any = fold_batchnorm(generator)
+        else:
+            module = generator
+        super().__init__(path, module.to(device).eval(), device, metadata, note, precision)
+
+
+class Pt2Backend(_TorchBackend):
+    """A torch.export program (``generator.pt2``); metadata from its extra file."""
+
+    name = "pt2"
+    bf16_capable = True
+
+    def __init__(self, path: str | Path, provider: str = "auto", precision: str = "auto") -> None:
+        import torch  # delayed: heavy import
+
+        path = Path(path)
+        if not path.is_file():
+            raise ModelError(f"model not found: {path}")
+        device, note = torch_device(provider)
+        extra = {PT2_METADATA_ENTRY: ""}
+        try:
+            with open(path, "rb") as f:
+                program = torch.export.load(f, extra_files=extra)
+            metadata = {str(k): str(v) for k, v in json.loads(extra[PT2_METADATA_ENTRY] or "{}").items()}
+        except Exception as e:  # corrupt archives raise RuntimeError, KeyError, JSON errors, ...
+            raise ModelError(f"{path} is not a readable torch.export (.pt2) model ({first_line(e)})") from None
+        module = program.module().to(device)
+        if precision == "bf16":
+            module = strip_dtype_asserts(module)
+        super().__init__(path, module, device, metadata, note, precision)
+
+
+class AotiBackend(_TorchBackend):
+    """An AOTInductor package (``generator.aoti.pt2``), refused unless this machine is
+    the device and torch version it was compiled for."""
+
+    name = "aoti"
+
+    def __init__(self, path: str | Path, provider: str = "auto", precision: str = "auto") -> None:
+        import torch  # delayed: heavy import
+
+        path = Path(path)
+        if not path.is_file():
+            raise ModelError(f"model not found: {path}")
+        if model_kind(path) != KIND_AOTI:
+            raise ModelError(f"{path} is not an AOTInductor package")
+        metadata = read_model_metadata(path)
+        built_for = metadata.get(META_AOTI_DEVICE, "")
+        if provider == "auto" and built_for == "cpu":
+            device, note = torch.device("cpu"), "the package was compiled for the CPU"
+        else:
+            device, note = torch_device(provider)
+        check_aoti_package(path, metadata, device)
+        # torch.utils.cpp_extension logs "No CUDA runtime is found" on CPU-only machines: not the user's concern.
+        cpp_logger = logging.getLogger("torch.utils.cpp_extension")
+        level = cpp_logger.level
+        cpp_logger.setLevel(logging.ERROR)
+        try:
+            from torch._inductor import aoti_load_package  # delayed: heavy import
+
+            with open(path, "rb") as f:  # a file object: any file name loads (the loader wants *.pt2 otherwise)
+                module = aoti_load_package(f)
+        except Exception as e:  # a package that passed the checks but still does not load
+            raise ModelError(f"{path}: AOTInductor package does not load ({first_line(e)})") from None
+        finally:
+            cpp_logger.setLevel(level)
+        super().__init__(path, module, device, metadata, note, precision)
+
+
+def check_aoti_package(path: Path, metadata: dict[str, str], device: Any, cpu_flags: list[str] | None = None) -> None:
+    """Refuse a package compiled for another device, GPU architecture, torch version or a CPU
+    with instructions this one lacks (one line each; such a package would crash the process).
+    ``cpu_flags``: this CPU's extensions (default: :func:`gantool.runtime.providers.cpu_isa_flags`)."""
+    import torch  # delayed: heavy import
+
+    built_for = metadata.get(META_AOTI_DEVICE, "")
+    again = "re-export it with `gantool export --aoti` on this machine"
+    if built_for != device.type:
+        raise ModelError(f"{path.name} was compiled for {built_for or 'an unknown device'}, not {device.type}: {again}")
+    built_with = metadata.get(META_TORCH_VERSION, "")
+    if built_with != torch.__version__:
+        raise ModelError(
+            f"{path.name} was compiled with torch {built_with}, this is torch {torch.__version__}: {again}"
+        )
+    if device.type == "cpu":
+        needed = metadata.get(META_AOTI_CPU_FLAGS, "").split()
+        here = cpu_isa_flags() if cpu_flags is None else cpu_flags
+        missing = sorted(set(needed) - set(here)) if here else []  # unknown here: nothing to compare
+        if missing:
+            shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+            raise ModelError(f"{path.name} was compiled for a CPU with {shown}, which this CPU lacks: {again}")
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        arch = f"sm_{major}{minor}"
+        if metadata.get(META_AOTI_CUDA_ARCH, "") != arch:
+            built_arch = metadata.get(META_AOTI_CUDA_ARCH) or "an unknown GPU"
+            raise ModelError(f"{path.name} was compiled for {built_arch}, this GPU is {arch}: {again}")
+
+
+# The backends by name (gantool.core.constants.BACKENDS lists the same names, in "auto" order).
+BACKEND_CLASSES: dict[str, Callable[..., Backend]] = {
+    "onnx": OnnxBackend,
+    "pt2": Pt2Backend,
+    "torchscript": TorchScriptBackend,
+    "eager": EagerBackend,
+    "aoti": AotiBackend,
+}
+
+
+def load_backend(
+    model: str | Path | None = None, provider: str = "auto", backend: str = "auto", precision: str = "auto"
+) -> Backend:
+    """Open ``model`` (file, export or run folder, or None for the shipped one) with ``backend`` on ``provider``."""
+    check_choice("provider", provider, PROVIDERS)
+    check_choice("backend", backend, BACKEND_CHOICES)
+    check_choice("precision", precision, PRECISIONS)
+    allowed = PRECISION_BACKENDS.get(precision)
+    if allowed and backend == "auto" and (model is None or Path(model).is_dir()):
+        # A folder: the first backend (in auto order) that runs this precision and has a file.
+        for candidate in allowed:
+            try:
+                path, name = resolve_model(model, candidate)
+                break
+            except ModelError:
+                continue
+        else:
+            path, name = resolve_model(model, allowed[0])  # raises: names the missing file
+    else:
+        path, name = resolve_model(model, backend)
+    if allowed and name not in allowed:
+        files = {p: f"an exported {ARTIFACT[f'onnx_{p}'].filename}" for p in ("fp16", "int8")}
+        what = files.get(precision, "torch autocast")
+        raise InputError(f"precision {precision} needs the {' or '.join(allowed)} backend ({what}), not {name}")
+    return BACKEND_CLASSES[name](path, provider, precision)

@@ -1,0 +1,154 @@
+"""Training checkpoints: one file with everything a later command needs.
+
+Contents: the model config, the training config, generator and discriminator
+weights, both optimizers, step, phase, RNG states and the last metrics. Plain
+containers and tensors only, so it loads with ``torch.load(weights_only=True)``.
+Writes are atomic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import safetensors
+import safetensors.torch
+import torch
+
+from gantool import __version__
+from gantool.core.artifacts import META_MODEL_CONFIG
+from gantool.core.config import ModelConfig
+from gantool.core.errors import CheckpointError, first_line
+from gantool.core.fileio import atomic_save, atomic_write_bytes
+from gantool.nn.networks import CompletionNetwork
+
+CHECKPOINT_FORMAT = "gantool-checkpoint"
+CHECKPOINT_VERSION = 1
+REQUIRED_KEYS = ("format", "version", "model_config", "generator", "step", "phase")
+
+
+def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
+    """Write ``state`` (plus format tags) to ``path`` atomically."""
+    payload = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "gantool_version": __version__}
+    payload.update(state)
+
+    def write(tmp: Path) -> None:
+        # Through a Python file so a full disk raises OSError(ENOSPC) (atomic_save
+        # turns it into one line); torch's own file writer reports it as an
+        # unreadable RuntimeError ("unexpected pos ...").
+        with tmp.open("wb") as f:
+            torch.save(payload, f)
+
+    try:
+        return atomic_save(path, write)
+    except RuntimeError as e:
+        raise CheckpointError(f"cannot write checkpoint {path}: {first_line(e)}") from None
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load and validate a gantool checkpoint. Raises CheckpointError with one line."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    if path.is_dir():
+        raise CheckpointError(f"expected a checkpoint file, got a folder: {path}")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # torch.load raises many types on foreign bytes (even KeyError)
+        raise CheckpointError(f"{path} is not a readable gantool checkpoint ({load_error_cause(e)})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} is not a gantool checkpoint (it holds a {type(state).__name__}, not a dict)")
+    if state.get("format") != CHECKPOINT_FORMAT:
+        found = f"format {state['format']!r}" if "format" in state else f"keys: {', '.join(map(str, list(state)[:5]))}"
+        raise CheckpointError(f"{path} is not a gantool checkpoint ({found})")
+    missing = [k for k in REQUIRED_KEYS if k not in state]
+    if missing:
+        raise CheckpointError(f"{path} is an incomplete gantool checkpoint (missing {', '.join(missing)})")
+    if state["version"] > CHECKPOINT_VERSION:
+        raise CheckpointError(f"{path} was written by a newer gantool (format {state['version']}); upgrade gantool")
+    return state
+
+
+def load_error_cause(error: BaseException) -> str:
+    """The reason in a torch.load error, in one line.
+
+    A weights-only refusal starts with several lines of advice; the cause
+    (which global was refused) is on the "WeightsUnpickler error:" line.
+    """
+    marker = "WeightsUnpickler error:"
+    for line in str(error).splitlines():
+        if marker in line:
+            reason = line.split(marker, 1)[1].split(". Please", 1)[0].strip()
+            return f"a weights-only load refuses it: {first_line(Exception(reason))}"
+    return first_line(error)
+
+
+def model_config_of(state: dict[str, Any]) -> ModelConfig:
+    return ModelConfig.from_dict(state["model_config"])
+
+
+def generator_from_checkpoint(state: dict[str, Any]) -> CompletionNetwork:
+    """Rebuild the generator (eval mode, CPU) from a loaded checkpoint."""
+    generator = CompletionNetwork(model_config_of(state))
+    try:
+        generator.load_state_dict(state["generator"])
+    except RuntimeError as e:
+        raise CheckpointError(f"checkpoint weights do not match its model config: {first_line(e)}") from None
+    return generator.eval()
+
+
+# ------------------------------------------------------------- standalone generator weights
+
+
+def weights_sha256(state_dict: dict[str, torch.Tensor]) -> str:
+    """sha256 over the tensors' raw bytes, in key order: identifies the weights."""
+    digest = hashlib.sha256()
+    for key in sorted(state_dict):
+        tensor = state_dict[key].detach().cpu().contiguous().reshape(-1)
+        digest.update(key.encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def save_generator_weights(path: str | Path, generator: CompletionNetwork, metadata: dict[str, str]) -> Path:
+    """The generator alone as safetensors, with ``metadata`` (which must carry the model config) in the header."""
+    if META_MODEL_CONFIG not in metadata:
+        raise ValueError(f"save_generator_weights needs {META_MODEL_CONFIG} in the metadata")
+    meta = dict(metadata)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in generator.state_dict().items()}
+    data = _sorted_header(safetensors.torch.save(tensors, metadata=meta))
+    return atomic_write_bytes(path, data)
+
+
+def _sorted_header(data: bytes) -> bytes:
+    """The safetensors bytes with the header's keys sorted: safetensors writes the metadata
+    in hash order, which differs between runs; sorted, equal weights give equal files."""
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + length])
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # safetensors pads the header to 8 bytes with spaces
+    return len(text).to_bytes(8, "little") + text + data[8 + length :]
+
+
+def load_generator_weights(path: str | Path) -> tuple[CompletionNetwork, dict[str, str]]:
+    """Rebuild a generator (eval mode) from :func:`save_generator_weights` output."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"weights file not found: {path}")
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as f:
+            meta = dict(f.metadata() or {})
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
+        config = ModelConfig.from_dict(json.loads(meta[META_MODEL_CONFIG]))
+    except (KeyError, json.JSONDecodeError, TypeError, ValueError):
+        raise CheckpointError(f"{path} has no gantool model config in its metadata") from None
+    except Exception as e:  # safetensors raises its own error types for corrupt headers
+        raise CheckpointError(f"{path} is not a readable safetensors file ({first_line(e)})") from None
+    generator = CompletionNetwork(config)
+    try:
+        generator.load_state_dict(tensors)
+    except RuntimeError as e:
+        raise CheckpointError(f"{path}: weights do not match the model config ({first_line(e)})") from None
+    return generator.eval(), meta
