@@ -19,7 +19,7 @@ from gantool.cli import cli
 from gantool.core.config import ModelConfig
 from gantool.core.errors import InputError
 from gantool.runtime.backends import load_backend
-from gantool.tools.benchmarks import (
+from gantool.tools.bench_inpaint import (
     _PeakMemory,
     _TimedBackend,
     bench_crop,

@@ -627,7 +627,7 @@ def test_serve_process_prints_startup_lines_and_warns_without_a_key(exported_mod
 
 
 def test_bench_serve_runs_and_reports(exported_model):  # noqa: F811
-    from gantool.tools.benchmarks import bench_serve
+    from gantool.tools.bench_serve import bench_serve
 
     result = bench_serve(
         exported_model.folder,

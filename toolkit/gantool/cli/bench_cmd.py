@@ -56,7 +56,7 @@ def bench() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def bench_train(as_json: bool, **options) -> None:
     """Median seconds per joint training iteration and images/s."""
-    from gantool.tools.benchmarks import bench_train as run
+    from gantool.tools.bench_train import bench_train as run
 
     result = run(**options)
     if as_json:
@@ -167,7 +167,7 @@ def bench_inpaint(
     if use_ray:
         _bench_ray(model, as_json, actors, ray_address, options)
         return
-    from gantool.tools.benchmarks import bench_inpaint as run
+    from gantool.tools.bench_inpaint import bench_inpaint as run
 
     result = run(model, **options)
     if as_json:
@@ -288,7 +288,7 @@ def bench_inpaint(
 
 
 def _bench_ray(model: str | None, as_json: bool, actors: int | None, address: str | None, options: dict) -> None:
-    from gantool.tools.benchmarks import bench_ray_inpaint
+    from gantool.tools.bench_ray import bench_ray_inpaint
 
     provider = options["providers"][0] if options["providers"] else "auto"
     result = bench_ray_inpaint(model, images=options["e2e_images"], size=options["e2e_size"], provider=provider,
@@ -355,7 +355,7 @@ def bench_serve(model: str | None, as_json: bool, **options) -> None:
 
     if missing_serve_packages():
         raise click.ClickException(INSTALL_HINT)
-    from gantool.tools.benchmarks import bench_serve as run
+    from gantool.tools.bench_serve import bench_serve as run
 
     result = run(model, **options)
     if as_json:

@@ -22,7 +22,7 @@ BACKEND_CHOICES = ("auto", *BACKENDS)
 PRECISIONS = ("auto", "fp32", "fp16", "bf16", "int8")
 # Backends that can run each explicit non-fp32 precision.
 PRECISION_BACKENDS = {"fp16": ("onnx",), "int8": ("onnx",), "bf16": ("pt2", "eager")}
-# `gantool bench inpaint`'s default paths: a backend, or backend:precision (see gantool.tools.benchmarks).
+# `gantool bench inpaint`'s default paths: a backend, or backend:precision (see gantool.tools.bench_inpaint).
 BENCH_INPAINT_PATHS = ("eager", "eager:bf16", "torchscript", "pt2", "pt2:bf16", "aoti", "onnx", "onnx:int8")
 # `gantool export --int8`'s quality gate: worst hole PSNR (dB) against the fp32 model over the parity sweep.
 DEFAULT_INT8_MIN_PSNR = 35.0
