@@ -1,0 +1,89 @@
+"""examples/make_default_data.py: the default model's photographs from Debian's wallpaper
+packages (one resolution per picture, illustrations left out, whole photographs held out)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "examples" / "make_default_data.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("make_default_data", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _fake_packages(root: Path, script) -> None:
+    """An unpacked mate-backgrounds + plasma-workspace-wallpapers tree of tiny JPEGs: every
+    photograph, plus two illustrations; plasma pictures at three resolutions each."""
+    for index, where in enumerate(script.DEBIAN_PHOTOS.values()):
+        colour = (index * 9 % 256, 80, 200 - index * 5)
+        if where.endswith(".jpg"):
+            (root / where).parent.mkdir(parents=True, exist_ok=True)
+            Image.new("RGB", (64, 48), colour).save(root / where)
+        else:
+            (root / where).mkdir(parents=True, exist_ok=True)
+            for w, h in ((40, 30), (80, 50), (64, 48)):  # the largest is 80 x 50
+                Image.new("RGB", (w, h), colour).save(root / where / f"{w}x{h}.jpg")
+    for name in script.DEBIAN_ILLUSTRATIONS[:2]:
+        folder = root / script.PLASMA / name / "contents" / "images"
+        folder.mkdir(parents=True)
+        Image.new("RGB", (80, 50), (255, 0, 255)).save(folder / "80x50.jpg")
+
+
+def test_the_lists_are_disjoint_and_the_held_out_photos_are_photographs():
+    script = _script()
+    assert set(script.DEBIAN_HELDOUT) <= set(script.DEBIAN_PHOTOS)
+    assert not set(script.DEBIAN_PHOTOS) & set(script.DEBIAN_ILLUSTRATIONS)
+    assert len(set(script.DEBIAN_PHOTOS) - set(script.DEBIAN_HELDOUT)) >= 12
+
+
+def test_debian_photos_split_by_whole_picture_at_one_resolution(tmp_path: Path):
+    script = _script()
+    root = tmp_path / "debian-photos"
+    _fake_packages(root, script)
+    written = script.write_debian_photos(root, tmp_path / "data")
+    train = {p.stem for p in written["train"]}
+    heldout = {p.stem for p in written["heldout"]}
+    assert heldout == set(script.DEBIAN_HELDOUT)
+    assert train == set(script.DEBIAN_PHOTOS) - heldout  # no illustration, every photo once
+    assert not train & heldout
+    plasma = next(p for p in written["train"] if p.stem == "Grey")
+    assert Image.open(plasma).size == (80, 50)  # the largest of the three resolutions
+    assert sorted(p.name for p in (tmp_path / "data" / "train").iterdir()) == sorted(f"{n}.png" for n in train)
+
+
+def test_large_photos_are_capped_and_missing_sources_are_one_line(tmp_path: Path):
+    script = _script()
+    root = tmp_path / "debian-photos"
+    where = root / script.DEBIAN_PHOTOS["Dune"]
+    where.parent.mkdir(parents=True)
+    Image.new("RGB", (script.PHOTO_MAX_SIDE * 2, 100), (10, 20, 30)).save(where)
+    written = script.write_debian_photos(root, tmp_path / "data")
+    assert [p.stem for p in written["train"]] == ["Dune"]
+    assert Image.open(written["train"][0]).size == (script.PHOTO_MAX_SIDE, 50)
+
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "none"), "--debian", str(tmp_path / "empty")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "skipping Debian's photographs: none under" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "none").exists() and not (tmp_path / ".none.partial").exists()
+
+
+def test_an_existing_output_folder_is_never_written_into(tmp_path: Path):
+    out = tmp_path / "data"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep")
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(out), "--debian", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "not empty" in proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["mine.txt"]
