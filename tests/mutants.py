@@ -298,6 +298,29 @@ MUTANTS: list[Mutant] = [
         "        fd = os.open(folder / RUN_FILE, os.O_WRONLY | os.O_CREAT, 0o666)",
         ("test_train.py::test_two_claims_of_one_out_folder_racing_past_the_check_let_only_one_win",),
     ),
+    # ------------------------------------------------------------------- the trace scanner
+    Mutant(
+        "pt2_weight_payloads_read_as_text",
+        "export/provenance.py",
+        '_TENSOR_ENTRY = re.compile(r"(?:^|/)(?:data/\\d+|data/(?:weights|constants)/[^/]+(?<!\\.json))$")',
+        '_TENSOR_ENTRY = re.compile(r"(?:^|/)data/\\d+$")',
+        ("test_provenance.py::test_scanner_skips_pt2_weights_and_constants_but_reads_every_text_entry",),
+        why="random weight bytes look like C:\\... paths: full-width --pt2 exports failed at random",
+    ),
+    Mutant(
+        "aoti_library_weights_read_as_text",
+        "export/provenance.py",
+        "    elf = _elf_text_parts(data)",
+        "    elf = None",
+        ("test_provenance.py::test_scanner_reads_a_compiled_librarys_strings_but_not_its_weight_section",),
+    ),
+    Mutant(
+        "json_escaped_windows_path_missed",
+        "export/provenance.py",
+        "[A-Za-z]:\\\\\\\\?(?:[^\\\\\\s",
+        "[A-Za-z]:\\\\(?:[^\\\\\\s",
+        ("test_provenance.py::test_scanner_skips_pt2_weights_and_constants_but_reads_every_text_entry",),
+    ),
 ]
 
 
@@ -344,21 +367,27 @@ def copy_tree(dest: Path) -> None:
             shutil.copy2(REPO / name, dest / name)
 
 
-def run_pytest(root: Path, tests: tuple[str, ...] | list[str]) -> tuple[int, str, float]:
+def run_pytest(
+    root: Path, tests: tuple[str, ...] | list[str], stop_at_first: bool = True
+) -> tuple[int, str, float, list[str]]:
+    """(exit status, pytest's last line, seconds, the ``FAILED``/``ERROR`` lines of its summary)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(root / "toolkit"), str(root / "tests")])
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # edited and restored files must never meet a stale .pyc
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-               *(f"tests/{t}" for t in tests)]  # fmt: skip
+    # -m "": a selected test runs even when it is marked slow (addopts leaves the slow tier out).
+    command = [sys.executable, "-m", "pytest", *(["-x"] if stop_at_first else []), "-q", "-rfE", "-m", "",
+               "-p", "no:cacheprovider", "-p", "no:randomly", *(f"tests/{t}" for t in tests)]  # fmt: skip
     start = time.perf_counter()
     try:
         done = subprocess.run(
             command, cwd=root, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False
         )
     except subprocess.TimeoutExpired:
-        return -1, "timeout", time.perf_counter() - start
+        return -1, "timeout", time.perf_counter() - start, []
     lines = [line for line in done.stdout.strip().splitlines() if line.strip()]
-    return done.returncode, (lines[-1] if lines else done.stderr.strip()[-200:]), time.perf_counter() - start
+    failed = [line for line in lines if line.startswith(("FAILED ", "ERROR "))]
+    last = lines[-1] if lines else done.stderr.strip()[-200:]
+    return done.returncode, last, time.perf_counter() - start, failed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -388,10 +417,13 @@ def main(argv: list[str] | None = None) -> int:
         copy_tree(root)
         if not args.no_baseline:
             every = list(dict.fromkeys(t for m in mutants for t in m.tests))
-            code, summary, seconds = run_pytest(root, every)
+            # Not -x: a red baseline names every failing test, not only the first.
+            code, summary, seconds, failed = run_pytest(root, every, stop_at_first=False)
             print(f"baseline (unmodified copy, {len(every)} selections): {summary} [{seconds:.0f} s]", flush=True)
             if code != 0:
-                print("error: the selected tests fail without any mutant; fix them first", file=sys.stderr)
+                print("error: the selected tests fail without any mutant; fix them first:", file=sys.stderr)
+                for line in failed or [f"(no test named: pytest exited {code}: {summary})"]:
+                    print(f"  {line}", file=sys.stderr)
                 return 2 if code in (4, 5) else 1
         rows, survivors = [], []
         for m in mutants:
@@ -399,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
             original = path.read_text(encoding="utf-8")
             path.write_text(original.replace(m.old, m.new, 1), encoding="utf-8")
             try:
-                code, summary, seconds = run_pytest(root, m.tests)
+                code, summary, seconds, _ = run_pytest(root, m.tests)
             finally:
                 path.write_text(original, encoding="utf-8")
             if code in (4, 5):  # usage error / nothing collected: the selection is wrong, not the mutant

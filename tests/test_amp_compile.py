@@ -179,7 +179,7 @@ def test_compiled_training_matches_eager_on_the_cpu(tmp_path):
     for ours, ref in zip(train_losses(compiled.history), train_losses(eager.history), strict=True):
         assert ours.keys() == ref.keys()
         for key in ours:
-            assert ours[key] == pytest.approx(ref[key], rel=1e-3, abs=1e-7), key
+            assert ours[key] == pytest.approx(ref[key], rel=1e-3), key  # losses are far from 0: relative only
     ours, ref = load_checkpoint(compiled.last_checkpoint), load_checkpoint(eager.last_checkpoint)
     assert ours["generator"].keys() == ref["generator"].keys()  # the raw module's names, no "_orig_mod."
     for name in ("generator", "discriminator"):

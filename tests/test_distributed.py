@@ -188,6 +188,7 @@ def assert_moments_match(optimizer: torch.optim.Optimizer, saved: dict) -> None:
 # ------------------------------------------------------------------------ the tests
 
 
+@pytest.mark.slow  # torchrun: two training processes (the module's ddp_run)
 def test_two_process_run_matches_the_per_half_reference(ddp_run: SimpleNamespace) -> None:
     for name, steps in (("step_4.pt", 4), ("last.pt", 6)):  # g, g, d, joint | then resumed: joint, joint
         saved = load_checkpoint(ddp_run.run_dir / "checkpoints" / name)
@@ -199,6 +200,7 @@ def test_two_process_run_matches_the_per_half_reference(ddp_run: SimpleNamespace
         assert_moments_match(ref.opt_d, saved["opt_d"])
 
 
+@pytest.mark.slow  # torchrun: two training processes (the module's ddp_run)
 def test_the_reference_tells_averaged_from_unaveraged_gradients(ddp_run: SimpleNamespace) -> None:
     """Control: had rank 0 kept its own half's gradients, the comparison above fails."""
     saved = load_checkpoint(ddp_run.run_dir / "checkpoints" / "step_4.pt")
@@ -208,6 +210,7 @@ def test_the_reference_tells_averaged_from_unaveraged_gradients(ddp_run: SimpleN
         assert_moments_match(alone.opt_d, saved["opt_d"])
 
 
+@pytest.mark.slow  # torchrun: two training processes (the module's ddp_run)
 def test_checkpoint_of_a_two_process_run_loads_and_inpaints(ddp_run: SimpleNamespace) -> None:
     state = load_checkpoint(ddp_run.run_dir / "checkpoints" / "last.pt")
     assert not any(k.startswith("module.") for k in state["generator"])  # the raw module's names, not DDP's
@@ -218,6 +221,7 @@ def test_checkpoint_of_a_two_process_run_loads_and_inpaints(ddp_run: SimpleNames
     assert torch.isfinite(out).all() and torch.equal(out * (1 - mask), image * (1 - mask))
 
 
+@pytest.mark.slow  # torchrun: two training processes (the module's ddp_run)
 def test_only_rank_zero_writes(ddp_run: SimpleNamespace) -> None:
     run = ddp_run.run_dir
     files = sorted(str(p.relative_to(ddp_run.cwd)) for p in ddp_run.cwd.rglob("*") if p.is_file())
@@ -232,6 +236,7 @@ def test_only_rank_zero_writes(ddp_run: SimpleNamespace) -> None:
     assert [r["step"] for r in records if "val_psnr" in r] == [4, 6]
 
 
+@pytest.mark.slow  # torchrun: two training processes (the module's ddp_run)
 def test_resume_under_two_processes_continues_from_the_checkpoint_step(ddp_run: SimpleNamespace) -> None:
     assert [r["step"] for r in ddp_run.metrics_after_first if "images_per_s" in r] == [1, 2, 3, 4]
     assert load_checkpoint(ddp_run.run_dir / "checkpoints" / "step_4.pt")["step"] == 4
@@ -242,6 +247,7 @@ def test_resume_under_two_processes_continues_from_the_checkpoint_step(ddp_run: 
     assert [r["step"] for r in records if "images_per_s" in r] == [5, 6]
 
 
+@pytest.mark.slow  # torchrun: two training processes (the module's ddp_run)
 def test_logged_losses_are_the_mean_over_ranks(ddp_run: SimpleNamespace) -> None:
     """metrics.jsonl holds the all-reduced mean, not rank 0's own loss."""
     saved = load_checkpoint(ddp_run.run_dir / "checkpoints" / "step_2.pt")
@@ -261,6 +267,7 @@ def test_logged_losses_are_the_mean_over_ranks(ddp_run: SimpleNamespace) -> None
     assert abs(per_rank[0] - per_rank[1]) > 1e-3 * per_rank[0]  # the halves differ, so the mean is a real check
 
 
+@pytest.mark.slow  # torchrun: two training processes
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds torchrun's workers through Linux /proc")
 def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(
     tmp_path: Path, subprocess_env: dict[str, str]

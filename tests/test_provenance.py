@@ -4,6 +4,7 @@ scrubbers on foreign files, and ``gantool info``'s warning."""
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
 import shutil
@@ -13,6 +14,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 import torch
@@ -292,3 +294,81 @@ def test_scanner_finds_pickled_paths_under_any_root(tmp_path):
     traces = find_machine_traces(archive)
     assert len(traces) == 1 and "archive entries *.debug_pkl: absolute path" in traces[0], traces
     assert "activation.py" in traces[0]
+
+
+# ------------------------------------------------------------ tensor payloads are never read as text
+
+
+def _hostile_blob(rng, size: int) -> bytes:
+    """Random bytes (as weights look to a text scanner) with a Windows-drive-path look-alike inside,
+    the false positive random float32 bytes produce about once per few MB."""
+    blob = bytearray(rng.bytes(size))
+    letters = rng.integers(ord("a"), ord("z") + 1, 8).astype("uint8").tobytes()
+    fake = letters[:1].upper() + b":\\" + letters[1:5] + b"\\" + letters[5:]
+    at = int(rng.integers(0, size - len(fake)))
+    blob[at : at + len(fake)] = fake
+    return bytes(blob)
+
+
+def _pt2_like(path: Path, rng, blobs: int, model_json: str = '{"graph": "clean"}') -> Path:
+    """An archive laid out like torch.export's .pt2: weights, constants, their JSON configs, a nested
+    torch.save archive of sample inputs, the program's JSON."""
+    nested = io.BytesIO()
+    torch.save({"image": torch.from_numpy(rng.random((1, 3, 32, 32), dtype=np.float32))}, nested)
+    with zipfile.ZipFile(path, "w") as out:
+        for i in range(blobs):
+            out.writestr(f"archive/data/weights/weight_{i}", _hostile_blob(rng, int(rng.integers(64, 2048))))
+            out.writestr(f"archive/data/constants/lifted_tensor_{i}", _hostile_blob(rng, 64))
+        out.writestr("archive/data/weights/model_weights_config.json", json.dumps({"config": {"weight_0": {}}}))
+        out.writestr("archive/data/constants/model_constants_config.json", "{}")
+        out.writestr("archive/data/sample_inputs/model.pt", nested.getvalue())
+        out.writestr("archive/models/model.json", model_json)
+        out.writestr("archive/.data/serialization_id", "0" * 40)
+    return path
+
+
+def test_scanner_skips_pt2_weights_and_constants_but_reads_every_text_entry(tmp_path):
+    from gantool.export.provenance import _scan_text
+
+    rng = np.random.default_rng(20)
+    assert _scan_text(_hostile_blob(rng, 1024).decode("latin-1")), "the payload must look like a path when read"
+    clean = _pt2_like(tmp_path / "generator.pt2", rng, blobs=2000)  # 4000 payload entries, ~2.5 MB
+    assert find_machine_traces(clean) == []
+    planted = "C:\\Users\\alice\\project\\train.py"
+    dirty = _pt2_like(tmp_path / "dirty.pt2", rng, blobs=50, model_json=json.dumps({"origin": planted}))
+    traces = find_machine_traces(dirty)
+    assert len(traces) == 1 and traces[0].startswith("archive entry models/model.json: absolute path"), traces
+    with zipfile.ZipFile(tmp_path / "config.pt2", "w") as out:  # the JSON configs beside the payloads are read
+        out.writestr("archive/data/weights/model_weights_config.json", json.dumps({"path": "/home/alice/w.bin"}))
+    assert "data/weights/model_weights_config.json" in find_machine_traces(tmp_path / "config.pt2")[0]
+    nested = io.BytesIO()
+    torch.save({"note": "/home/alice/inputs/sample.png"}, nested)  # a pickle inside a nested archive
+    with zipfile.ZipFile(tmp_path / "nested.pt2", "w") as out:
+        out.writestr("archive/data/sample_inputs/model.pt", nested.getvalue())
+    assert "archive entry data/sample_inputs/model.pt/data.pkl" in find_machine_traces(tmp_path / "nested.pt2")[0]
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_scanner_reads_a_compiled_librarys_strings_but_not_its_weight_section(tmp_path):
+    """AOTInductor links the frozen weights into the library's .lrodata section: skipped; a path in
+    its strings (.rodata) is still found."""
+    rng = np.random.default_rng(21)
+    weights = ", ".join(str(b) for b in _hostile_blob(rng, 8192))
+
+    def library(name: str, extra: str = "") -> Path:
+        source = tmp_path / f"{name}.c"
+        source.write_text(
+            f'__attribute__((section(".lrodata"), used)) const unsigned char constants[] = {{{weights}}};\n'
+            f"int kernel(int x) {{ return x * 3; }}\n{extra}"
+        )
+        built = tmp_path / f"{name}.so"
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", built, source], check=True, capture_output=True, timeout=120)
+        package = tmp_path / f"{name}.aoti.pt2"
+        with zipfile.ZipFile(package, "w") as out:
+            out.writestr("archive/data/aotinductor/model/model.wrapper.so", built.read_bytes())
+        return package
+
+    assert find_machine_traces(library("clean")) == []
+    dirty = library("dirty", 'const char *where(void) { return "/home/alice/build/model.cpp"; }\n')
+    traces = find_machine_traces(dirty)
+    assert len(traces) == 1 and "model.wrapper.so: absolute path" in traces[0], traces

@@ -160,6 +160,7 @@ def test_manifest_records_every_input_and_a_rerun_resumes(
 # --------------------------------------------------------------- dying workers
 
 
+@pytest.mark.slow  # Ray restarts killed actors: ~13 s on 2 loaded cores
 def test_a_worker_that_dies_is_retried_and_one_that_keeps_dying_is_reported(
     ray_cluster: Any, exported_model: ExportedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

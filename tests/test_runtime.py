@@ -17,9 +17,12 @@ from gantool.core.artifacts import read_model_metadata, resolve_model
 from gantool.core.errors import InputError, ModelError, ProviderError
 from gantool.core.processing import output_mode, paste_holes, resize_mask
 from gantool.inference.inpainter import Inpainter, Window, crop_windows, hole_boxes, inpaint_arrays, plan_windows
+from gantool.nn.networks import CompletionNetwork
 from gantool.runtime.backends import EagerBackend, OnnxBackend, TorchScriptBackend, load_backend
 from gantool.runtime.providers import failure_cause
 from inpaint_helpers import GPU_ONLY, NO_GPU_ONLY, ExportedModel, exported_model, textured_rgb  # noqa: F401
+from numerics import conv_fan_in, fp32_tol
+from tiny import TINY_CONFIG
 
 
 def _batch(n: int, height: int, width: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -372,7 +375,8 @@ def test_crop_matches_full_when_the_window_covers_the_context(exported_model: Ex
     mask[90:104, 100:115] = 1
     full = inpaint_arrays(backend, [(image, mask)], "full")[0]
     wide = inpaint_arrays(backend, [(image, mask)], "crop", crop_margin=200)[0]
-    assert np.abs(wide - full).max() < 1e-6
+    # The same outputs from a wider input: ONNX Runtime may block the convolutions differently.
+    assert np.abs(wide - full).max() <= fp32_tol(full, conv_fan_in(CompletionNetwork(TINY_CONFIG)))
     crop = inpaint_arrays(backend, [(image, mask)], "crop")[0]
     known = mask == 0
     assert np.array_equal(crop[known], image[known])

@@ -219,6 +219,7 @@ def test_health_needs_an_unbroken_stretch_in_the_joint_phase():
 # ------------------------------------------------------------------ torchrun: rank 0 only
 
 
+@pytest.mark.slow  # a torchrun run of two processes
 def test_only_rank_zero_writes_event_files(tmp_path, subprocess_env):
     from test_distributed import TINY_ARGS as DDP_ARGS
     from test_distributed import run_to_end

@@ -22,6 +22,7 @@ import gantool.training.loop as train_module
 from gantool.nn.losses import discriminator_loss, hole_mse
 from gantool.nn.networks import crop_local
 from gantool.training.loop import discriminator_step, generator_step, train, train_step
+from numerics import assert_fp32_close
 from tiny import build_optimizers, no_autocast, params, same, tiny_batch, tiny_networks, tiny_train_config
 
 
@@ -88,8 +89,11 @@ def test_twin_gantool_generator_gradient_comes_from_a_fresh_pass_through_the_upd
     assert float(losses["loss_adv"]) == pytest.approx(float(loss.detach()), rel=1e-5)
     expected = torch.autograd.grad(loss, list(generator_before.parameters()))
     assert sum(float(g.abs().sum()) for g in expected) > 0
+    # BCE-with-logits (gantool) and log1p(exp(-x)) (here) are equal in exact arithmetic; their
+    # float32 roundings differ, and differ again with the CPU's kernels: a few ulps of each
+    # gradient's scale per sqrt(terms summed), batch * height * width for a conv weight.
     for p, want in zip(nets.generator.parameters(), expected):
-        torch.testing.assert_close(p.grad, want, rtol=1e-4, atol=1e-7)
+        assert_fp32_close(p.grad, want, real[:, 0].numel())
 
 
 def test_discriminator_phase_step_leaves_generator_parameters_unchanged():
@@ -195,7 +199,7 @@ def test_twin_gantool_joint_step_leaves_only_d_loss_gradients_in_d():
     f = reference_d(crop_local(fake, corners, cfg.local_size), fake)
     loss = cfg.alpha * (torch.log1p(torch.exp(-r)).mean() + torch.log1p(torch.exp(f)).mean()) / 2
     for p, want in zip(nets.discriminator.parameters(), torch.autograd.grad(loss, list(reference_d.parameters()))):
-        torch.testing.assert_close(p.grad, want, rtol=1e-4, atol=1e-7)
+        assert_fp32_close(p.grad, want, real[:, 0].numel())  # equal losses, other rounding: see the G twin
 
 
 def test_discriminator_step_uses_detached_fake_only():

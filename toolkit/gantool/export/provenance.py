@@ -47,12 +47,22 @@ _ABSOLUTE_PATH = re.compile(
     # /usr/include and /usr/lib (system headers a compiled library names) say nothing about the machine.
     rf"|{_START}/(?:tmp|var|private|opt|usr(?!/(?:include|lib)/)|mnt|media|srv|scratch|nix|Volumes|work|workspace|content|kaggle)"
     rf"(?:/{_NAME}){{2,}}"
-    r"|(?<![A-Za-z])[A-Za-z]:\\(?:[^\\\s\"'<>|*?:\x00]+\\)+[^\\\s\"'<>|*?:\x00]*",
+    # Windows: separators single or JSON-escaped (C:\\Users\\... in a .pt2's model.json).
+    r"|(?<![A-Za-z])[A-Za-z]:\\\\?(?:[^\\\s\"'<>|*?:\x00]+\\\\?)+[^\\\s\"'<>|*?:\x00]*",
 )
 _STACK_FRAME = re.compile(r'File \\?"[^"\n]{1,500}?\\?", line \d+')  # also JSON-escaped (torch.export's .pt2)
 _EXAMPLE_CHARS = 100
-# Tensor storages inside torch zip archives: raw numbers, not worth scanning.
-_TENSOR_ENTRY = re.compile(r"(?:^|/)data/\d+$")
+# Tensor payloads inside torch zip archives are raw numbers, never text: TorchScript and torch.save store
+# them as data/N, torch.export's .pt2 (and AOTInductor's) as data/weights/<name> and data/constants/<name>.
+# Read as latin-1, random weight bytes match a path pattern about once per few MB, so they are skipped;
+# the JSON configs beside them (model_weights_config.json, ...) are text and are read.
+_TENSOR_ENTRY = re.compile(r"(?:^|/)(?:data/\d+|data/(?:weights|constants)/[^/]+(?<!\.json))$")
+_NESTED_ZIP_DEPTH = 2  # .pt2 archives hold torch.save archives (data/sample_inputs/model.pt)
+# ELF sections that hold no text: AOTInductor links the frozen weights into .lrodata (.ldata when mutated);
+# code, symbol, relocation, hash and unwind tables are binary too. Every other section is read.
+_ELF_BINARY_SECTIONS = frozenset({".lrodata", ".ldata", ".eh_frame", ".eh_frame_hdr", ".gcc_except_table"})
+_ELF_BINARY_TYPES = frozenset({2, 4, 5, 8, 9, 11, 0x6FFFFFF6, 0x6FFFFFFE, 0x6FFFFFFF})  # SYMTAB RELA HASH NOBITS ...
+_ELF_EXECUTABLE = 0x4
 _RAW_CHUNK = 16 * 2**20
 
 
@@ -174,25 +184,68 @@ def _zip_traces(path: Path) -> list[str]:
     findings: dict[str, _Finding] = {}
     try:
         with zipfile.ZipFile(path) as archive:
-            for info in archive.infolist():
-                if info.is_dir() or _TENSOR_ENTRY.search(info.filename):
-                    continue
-                inner = info.filename.split("/", 1)[-1]  # without the archive's root folder
-                where = "archive entries *.debug_pkl" if inner.endswith(".debug_pkl") else f"archive entry {inner}"
-                for text in _entry_texts(inner, archive.read(info)):
-                    _record(findings, where, text)
+            _scan_archive(archive, "", findings, _NESTED_ZIP_DEPTH)
     except (zipfile.BadZipFile, OSError, EOFError) as e:
         raise ModelError(f"{path} is not a readable zip archive ({first_line(e)})") from None
     return _describe(findings, "entry")
 
 
+def _scan_archive(archive: zipfile.ZipFile, prefix: str, findings: dict[str, _Finding], depth: int) -> None:
+    """Every entry but tensor payloads; an entry that is itself a zip archive is scanned the same way."""
+    for info in archive.infolist():
+        if info.is_dir() or _TENSOR_ENTRY.search(info.filename):
+            continue
+        inner = prefix + info.filename.split("/", 1)[-1]  # without the archive's root folder
+        data = archive.read(info)
+        if depth > 0 and data[:4] == b"PK\x03\x04":
+            try:
+                with zipfile.ZipFile(io.BytesIO(data)) as nested:
+                    _scan_archive(nested, f"{inner}/", findings, depth - 1)
+                continue
+            except (zipfile.BadZipFile, EOFError):
+                pass  # looks like a zip but is not: read as bytes below
+        where = "archive entries *.debug_pkl" if inner.endswith(".debug_pkl") else f"archive entry {inner}"
+        for text in _entry_texts(inner, data):
+            _record(findings, where, text)
+
+
+def _elf_text_parts(data: bytes) -> list[bytes] | None:
+    """The sections of a 64-bit little-endian ELF library that may hold text (None: not such a file).
+
+    Weights (.lrodata), machine code, symbol and relocation tables are left out:
+    their bytes are numbers, and read as latin-1 they match path patterns by chance.
+    """
+    if data[:6] != b"\x7fELF\x02\x01" or len(data) < 64:
+        return None
+    try:
+        (shoff,) = struct.unpack_from("<Q", data, 0x28)
+        shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+        headers = [struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize) for i in range(shnum)]
+        names_at = headers[shstrndx][4]
+    except (struct.error, IndexError):
+        return None
+    parts = []
+    for name_offset, kind, flags, _, offset, size in headers:
+        end = data.find(b"\0", names_at + name_offset)
+        name = data[names_at + name_offset : end].decode("latin-1")
+        if name in _ELF_BINARY_SECTIONS or kind in _ELF_BINARY_TYPES or flags & _ELF_EXECUTABLE or kind == 0:
+            continue
+        parts.append(data[offset : offset + size])
+    return parts
+
+
 def _entry_texts(name: str, data: bytes) -> Iterator[str]:
-    """The text of one archive entry: each string of a pickle, else the bytes as latin-1.
+    """The text of one archive entry: each string of a pickle, the text sections of
+    a compiled library, else the bytes as latin-1.
 
     A pickled string sits between binary opcodes, so scanning raw bytes would
     glue a path to the next opcode ("activation.py" + BINPUT "q"); pickletools
     walks the opcodes without running anything.
     """
+    elf = _elf_text_parts(data)
+    if elf is not None:
+        yield from (part.decode("latin-1") for part in elf)
+        return
     if name.endswith((".pkl", ".debug_pkl")):
         try:
             strings = [arg for _, arg, _ in pickletools.genops(data) if isinstance(arg, (str, bytes))]
@@ -288,8 +341,11 @@ def find_machine_traces(path: str | Path, name: str | None = None) -> list[str]:
     """Absolute paths and Python stack traces that ``path`` carries, one line per place found.
 
     ONNX files are walked field by field (weights skipped); zip archives
-    (TorchScript, ``.pt2``, ``torch.save``) entry by entry (tensor storages
-    skipped); safetensors files by their header; anything else byte by byte.
+    (TorchScript, ``.pt2``, ``torch.save``) entry by entry: tensor payloads
+    (``data/N``, ``data/weights/*``, ``data/constants/*``) and the weight and code
+    sections of a compiled library are skipped, every text, JSON and pickle entry
+    is read, nested archives likewise; safetensors files by their header;
+    anything else byte by byte.
     The format follows the suffix of ``name`` (default: the file's own name; pass
     the final name when ``path`` is a temp file). An empty list means none was
     found. Raises ModelError for unreadable files.
