@@ -298,6 +298,14 @@ MUTANTS: list[Mutant] = [
         "        fd = os.open(folder / RUN_FILE, os.O_WRONLY | os.O_CREAT, 0o666)",
         ("test_train.py::test_two_claims_of_one_out_folder_racing_past_the_check_let_only_one_win",),
     ),
+    Mutant(
+        "info_header_printed_twice",
+        "cli/info_cmd.py",
+        "    click.echo(f\"{header}, runs in {description['precision']}\" if is_model else header)\n",
+        "    click.echo(header)\n    click.echo(f\"{header}, runs in {description['precision']}\" if is_model else header)\n",
+        ("test_cli.py::test_info_prints_its_header_once",),
+        why="gantool info printed its header line twice",
+    ),
 ]
 
 
