@@ -321,6 +321,14 @@ MUTANTS: list[Mutant] = [
         "[A-Za-z]:\\\\(?:[^\\\\\\s",
         ("test_provenance.py::test_scanner_skips_pt2_weights_and_constants_but_reads_every_text_entry",),
     ),
+    Mutant(
+        "info_header_printed_twice",
+        "cli/info_cmd.py",
+        "    click.echo(f\"{header}, runs in {description['precision']}\" if is_model else header)\n",
+        "    click.echo(header)\n    click.echo(f\"{header}, runs in {description['precision']}\" if is_model else header)\n",
+        ("test_cli.py::test_info_prints_its_header_once",),
+        why="gantool info printed its header line twice",
+    ),
 ]
 
 

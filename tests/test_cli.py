@@ -70,3 +70,21 @@ def test_cli_choices_come_from_the_library(command: list[str], option: str, choi
     param = next(p for p in cmd.params if option in getattr(p, "opts", ()))
     assert isinstance(param.type, click.Choice)
     assert tuple(param.type.choices) == tuple(choices)
+
+
+def test_info_prints_its_header_once(tmp_path) -> None:
+    # `gantool info` once printed "FILE: KIND, N bytes" twice for a model file (and for a checkpoint).
+    from conftest import random_generator, write_checkpoint
+    from gantool.export.exporter import build_metadata
+    from gantool.training.checkpoint import save_generator_weights
+
+    generator = random_generator()
+    checkpoint = write_checkpoint(tmp_path / "last.pt", generator, step=3, phase="g")
+    state = {"model_config": generator.config.to_dict(), "generator": generator.state_dict(), "step": 3, "phase": "g"}
+    model = save_generator_weights(tmp_path / "generator.safetensors", generator, build_metadata(state, "last.pt"))
+    for path, header in ((model, f"{model}: safetensors, "), (checkpoint, f"{checkpoint}: checkpoint, ")):
+        result = CliRunner().invoke(cli, ["info", str(path)])
+        assert result.exit_code == 0, result.output
+        headers = [line for line in result.output.splitlines() if line.startswith(header)]
+        assert len(headers) == 1, result.output
+        assert result.output.splitlines()[0] == headers[0]  # the header comes first

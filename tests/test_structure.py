@@ -152,3 +152,74 @@ def test_module_map_lists_every_module_and_nothing_else() -> None:
     actual = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")}
     actual = {p for p in actual if not p.endswith("__init__.py") and p != "__main__.py" and not p.startswith("cli/")}
     assert listed == actual, f"module map: missing {sorted(actual - listed)}, stale {sorted(listed - actual)}"
+
+
+MAX_FUNCTION_LINES = 80
+# Functions over the limit that other engineers are rewriting now, without a `long:` reason yet
+# (the list may only shrink; "path::name").
+LONG_FUNCTION_TODO: set[str] = {
+    "training/loop.py::_train",
+    "export/exporter.py::export_generator",
+    "serving/app.py::build_app",
+}
+
+
+def function_length(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines from ``def`` to the end, the docstring left out (decorators and signature count)."""
+    length = (node.end_lineno or node.lineno) - node.lineno + 1
+    first = node.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        length -= (first.end_lineno or first.lineno) - first.lineno + 1
+    return length
+
+
+def has_long_reason(lines: list[str], node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """A ``# long: REASON`` comment in the comment block right above the function (or its
+    decorators), or in the first lines of its body."""
+    top = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1  # 0-based index of the first line
+    above = []
+    i = top - 1
+    while i >= 0 and lines[i].strip().startswith("#"):
+        above.append(lines[i])
+        i -= 1
+    body_start = node.body[0].lineno - 1
+    if len(node.body) > 1 and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant):
+        body_start = node.body[1].lineno - 1
+    head = lines[node.lineno - 1 : body_start + 5]
+    return any(re.search(r"#.*\blong:\s*\S", line) for line in [*above, *head])
+
+
+def long_functions(path: Path, relative: str) -> list[str]:
+    """Functions of ``path`` over the limit that carry no ``long:`` reason."""
+    text = path.read_text()
+    lines = text.splitlines()
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and function_length(node) > MAX_FUNCTION_LINES:
+            if not has_long_reason(lines, node):
+                found.append(f"{relative}::{node.name} ({function_length(node)} lines)")
+    return found
+
+
+def test_no_function_over_the_limit_without_a_reason() -> None:
+    found = [f for p in sorted(PACKAGE.rglob("*.py")) for f in long_functions(p, str(p.relative_to(PACKAGE)))]
+    unexplained = sorted(f for f in found if f.split(" (")[0] not in LONG_FUNCTION_TODO)
+    assert unexplained == [], (
+        f"functions over {MAX_FUNCTION_LINES} lines: split them, or put a '# long: REASON' comment above them"
+    )
+    stale = LONG_FUNCTION_TODO - {f.split(" (")[0] for f in found}
+    assert not stale, f"LONG_FUNCTION_TODO lists functions now short or explained: remove {sorted(stale)}"
+
+
+def test_the_function_length_check_wants_a_reason(tmp_path: Path) -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    doc = '    """A docstring\n    of three\n    lines."""\n'
+    (tmp_path / "m.py").write_text(f"def short():\n{doc}{body[: -len(body.splitlines()[-1]) - 1]}\n\ndef big():\n{body}")
+    assert long_functions(tmp_path / "m.py", "m.py") == [f"m.py::big ({MAX_FUNCTION_LINES + 1} lines)"]
+    (tmp_path / "m.py").write_text(f"# long: one table of steps, read top to bottom\n@decorator\ndef big():\n{body}")
+    assert long_functions(tmp_path / "m.py", "m.py") == []
+    (tmp_path / "m.py").write_text(f"def big():\n{doc}    # long: the reason, first in the body\n{body}")
+    assert long_functions(tmp_path / "m.py", "m.py") == []
+    (tmp_path / "m.py").write_text(f"def big():\n    # long:\n{body}")  # a reason must say something
+    assert long_functions(tmp_path / "m.py", "m.py") == [f"m.py::big ({MAX_FUNCTION_LINES + 2} lines)"]
+

@@ -177,8 +177,23 @@ def bench_inpaint(
         f"inpaint benchmark: {result['model']}; torch {result['torch']}, {result['threads']} threads, "
         f"{result['cpu_count']} CPUs"
     )
+    _echo_inpaint_rows(result["rows"])
+    notes = sorted({row["note"] for row in result["rows"] if row.get("note")})
+    for note in notes:
+        click.echo(f"note: {note}")
+    click.echo(f"peak MB: {result['peak_memory']}")
+    click.echo("gates: fp32 max abs <= 1e-3 against eager fp32; fp16 >= 40 dB, bf16 and int8 >= 35 dB hole PSNR")
+    for key, best in result.get("fastest_passing", {}).items():
+        click.echo(
+            f"fastest path passing its gate ({key}): {best['path']} on {best['provider']}, "
+            f"{best['median_ms_per_image']:.1f} ms/image"
+        )
+    _echo_inpaint_goals(result)
+
+
+def _echo_inpaint_rows(rows: list[dict]) -> None:
     lines = []
-    for row in result["rows"]:
+    for row in rows:
         head = [
             row["backend"],
             row.get("precision", "fp32"),
@@ -223,16 +238,10 @@ def bench_inpaint(
         ],
         lines,
     )
-    notes = sorted({row["note"] for row in result["rows"] if row.get("note")})
-    for note in notes:
-        click.echo(f"note: {note}")
-    click.echo(f"peak MB: {result['peak_memory']}")
-    click.echo("gates: fp32 max abs <= 1e-3 against eager fp32; fp16 >= 40 dB, bf16 and int8 >= 35 dB hole PSNR")
-    for key, best in result.get("fastest_passing", {}).items():
-        click.echo(
-            f"fastest path passing its gate ({key}): {best['path']} on {best['provider']}, "
-            f"{best['median_ms_per_image']:.1f} ms/image"
-        )
+
+
+def _echo_inpaint_goals(result: dict) -> None:
+    """The post-processing table and the goals, met or not."""
     if result.get("blend_rows"):
         echo_table(
             ["post-processing", "strategy", "size", "hole", "model windows", "model ms", "blend ms", "blend / model"],

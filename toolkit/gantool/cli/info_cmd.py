@@ -46,21 +46,18 @@ def info(file: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(description, indent=2, default=str))
         return
-    click.echo(f"{description['file']}: {description['kind']}, {description['bytes']} bytes")
+    is_model = description["kind"] != "checkpoint"
+    header = f"{description['file']}: {description['kind']}, {description['bytes']} bytes"
+    click.echo(f"{header}, runs in {description['precision']}" if is_model else header)
     traces = description.get("machine_traces", [])
     for warning in description["warnings"]:
         if warning not in traces:
             click.echo(f"warning: {warning}", err=True)
-    if description["kind"] != "checkpoint":
-        click.echo(
-            f"{description['file']}: {description['kind']}, {description['bytes']} bytes, "
-            f"runs in {description['precision']}"
-        )
+    if is_model:
         for key, value in description["metadata"].items():
             click.echo(f"  {key}: {_value(value)}")
         _warn_traces(file, traces)
         return
-    click.echo(f"{description['file']}: {description['kind']}, {description['bytes']} bytes")
     for key in ("gantool_version", "step", "phase", "weights_sha256", "model_config", "train_config"):
         click.echo(f"  {key}: {_value(description[key])}")
     metrics = description["metrics"]

@@ -372,6 +372,8 @@ def _check_choices(provider: str, backend_name: str, precision: str, strategy: s
         check_choice(what, value, choices)
 
 
+# long: the driver's whole run (checks, the plan, the actor pool, results streamed into the manifest)
+# sits inside the try/finally blocks that own the Ray cluster and the manifest, so Ctrl-C cleans up both.
 def ray_inpaint(
     images: Sequence[str | Path],
     *,

@@ -136,6 +136,8 @@ def _wait_ready(url: str, deadline: float) -> None:
     raise GantoolError(f"{url} was not ready in time")
 
 
+# long: one measurement; its rounds, client threads and in-process baselines are closures over one
+# server process, one deadline and the shared counters, read top to bottom in the order they run.
 def bench_serve(
     model: str | Path | None = None,
     requests: int = 200,

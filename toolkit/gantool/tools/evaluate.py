@@ -244,6 +244,35 @@ def comparison_grid(rows: Sequence[dict[str, np.ndarray]], columns: Sequence[str
 # ------------------------------------------------------------------------------- run
 
 
+def _checked_local_size(masks: str, size: int, local_size: int | None, count: int | None, masks_per_image: int) -> int:
+    """Refuse bad settings before any work; returns the hole window (default size // 2)."""
+    if size < 16:
+        raise InputError(f"--size must be at least 16, got {size}")
+    local_size = size // 2 if local_size is None else local_size
+    if not 8 <= local_size < size:
+        raise InputError(f"--local-size must be between 8 and --size - 1, got {local_size}")
+    if count is not None and count < 1:
+        raise InputError("--count must be at least 1")
+    if masks_per_image < 1:
+        raise InputError("--masks-per-image must be at least 1")
+    if masks not in MASK_KINDS:
+        raise InputError(f"--masks must be one of {', '.join(MASK_KINDS)}, got {masks!r}")
+    return local_size
+
+
+def _write_grid(grid_path: Path, grid_items: list[dict[str, np.ndarray]], overwrite: bool) -> None:
+    """The comparison grid, with the PNG text mark that keeps it from being scored as data."""
+    from PIL.PngImagePlugin import PngInfo
+
+    columns = [c for c in GRID_COLUMNS if c in grid_items[0]]
+    picture = comparison_grid(grid_items, columns)
+    mark = PngInfo()
+    mark.add_text(*GRID_MARK)
+    atomic_save(
+        grid_path, lambda tmp: Image.fromarray(picture).save(tmp, format="PNG", pnginfo=mark), overwrite=overwrite
+    )
+
+
 def evaluate(
     model: str | Path | None,
     data: str | Path,
@@ -271,17 +300,7 @@ def evaluate(
     gantool + blend | truth. ``blend`` other than "none" adds a row (and a grid column)
     for the model's output post-processed that way; the raw output keeps its row.
     """
-    if size < 16:
-        raise InputError(f"--size must be at least 16, got {size}")
-    local_size = size // 2 if local_size is None else local_size
-    if not 8 <= local_size < size:
-        raise InputError(f"--local-size must be between 8 and --size - 1, got {local_size}")
-    if count is not None and count < 1:
-        raise InputError("--count must be at least 1")
-    if masks_per_image < 1:
-        raise InputError("--masks-per-image must be at least 1")
-    if masks not in MASK_KINDS:
-        raise InputError(f"--masks must be one of {', '.join(MASK_KINDS)}, got {masks!r}")
+    local_size = _checked_local_size(masks, size, local_size, count, masks_per_image)
     grid_path = Path(grid) if grid is not None else None
     if grid_path is not None:
         check_grid_outside_data(grid_path, Path(data))
@@ -319,15 +338,7 @@ def evaluate(
             small[0],
         )
     if grid_path is not None:
-        from PIL.PngImagePlugin import PngInfo
-
-        columns = [c for c in GRID_COLUMNS if c in grid_items[0]]
-        picture = comparison_grid(grid_items, columns)
-        mark = PngInfo()
-        mark.add_text(*GRID_MARK)
-        atomic_save(
-            grid_path, lambda tmp: Image.fromarray(picture).save(tmp, format="PNG", pnginfo=mark), overwrite=overwrite
-        )
+        _write_grid(grid_path, grid_items, overwrite)
     settings = {
         "data": str(data),
         "masks": masks,
