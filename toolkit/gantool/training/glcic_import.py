@@ -260,6 +260,7 @@ def convert_generator(cn: dict[str, Tensor], model_config: ModelConfig) -> Compl
     ours = generator.state_dict()
     expected = f"a GLCIC-PyTorch CompletionNetwork of width {model_config.width}, from its conv1"
     weights = map_weights(cn, ours, expand(generator_key_map(), ours), "model_cn", expected)
+    weights["fill"] = ours["fill"]  # the buffer gantool keeps the fill in: config.json's mpv
     generator.load_state_dict(weights)
     return generator.eval()
 
