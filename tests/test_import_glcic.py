@@ -19,15 +19,6 @@ import torch
 from click.testing import CliRunner
 from PIL import Image
 
-from glcic_oracle import (
-    cd_forward,
-    cn_forward,
-    composite,
-    fp32_tolerance,
-    make_model_cd,
-    make_model_cn,
-    write_glcic_files,
-)
 from gantool.cli import cli
 from gantool.core.config import ModelConfig
 from gantool.core.constants import IMPORT_CHECKPOINT
@@ -37,6 +28,15 @@ from gantool.nn.networks import ChannelAffine, ContextDiscriminator, fold_batchn
 from gantool.runtime.backends import load_backend
 from gantool.training.checkpoint import generator_from_checkpoint, load_checkpoint, load_generator_weights
 from gantool.training.glcic_import import import_glcic_pytorch
+from glcic_oracle import (
+    cd_forward,
+    cn_forward,
+    composite,
+    fp32_tolerance,
+    make_model_cd,
+    make_model_cn,
+    write_glcic_files,
+)
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning"),
@@ -408,6 +408,7 @@ def test_foreign_bytes_and_a_gantool_checkpoint_are_refused(tmp_path, imported):
     assert "is a gantool checkpoint already" in line
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol:UserWarning")  # torch notes the protocol, then refuses
 def test_a_state_dict_saved_with_pickle_only_is_refused_without_running_it(tmp_path):
     raw = pickle.dumps({"conv1.weight": NotWeights()})
     assert "not a readable torch file" in import_error(tmp_path, None, raw=raw)
