@@ -235,7 +235,9 @@ def check_cli_migration(tmp_path: Path, sd: dict[str, torch.Tensor], width: int,
     assert result.exit_code == 0, result.output
     assert "conv-relu-bn" in result.output and "composites the known pixels" in result.output
     gate = str(RANDOM_WEIGHTS_INT8_GATE)
-    result = invoke("export", out / IMPORT_CHECKPOINT, "--onnx", "--int8", "--pt2", "--no-cuda", "--int8-min-psnr", gate)
+    result = invoke(
+        "export", out / IMPORT_CHECKPOINT, "--onnx", "--int8", "--pt2", "--no-cuda", "--int8-min-psnr", gate
+    )
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in (out / "export").glob("generator*")) == [
         "generator.onnx",
@@ -332,7 +334,9 @@ def test_discriminator_arc_disagreeing_with_config_is_refused(tmp_path):
     sd, cd = make_model_cn(WIDTH), make_model_cd(LOCAL, SIZE, arc="places2")
     model_cn, config = write_glcic_files(tmp_path, sd, MPV, SIZE, LOCAL, arc="celeba")
     torch.save(cd, tmp_path / "model_cd")
-    result = invoke("import", "glcic-pytorch", model_cn, config, "--discriminator", tmp_path / "model_cd", "-o", tmp_path / "o")
+    result = invoke(
+        "import", "glcic-pytorch", model_cn, config, "--discriminator", tmp_path / "model_cd", "-o", tmp_path / "o"
+    )
     assert_one_line_error(result, "6 global convolutions", "arc = 'celeba'")
     assert not (tmp_path / "o").exists()
 
@@ -468,7 +472,15 @@ def test_init_from_an_import_starts_a_new_run_from_its_weights(tmp_path, importe
 
     lr = 1e-3
     result = train(
-        dict(TRAIN, init_from=str(imported_with_d.out_dir), steps_g=0, steps_d=2, steps_joint=0, lr=lr, out=str(tmp_path / "run")),
+        dict(
+            TRAIN,
+            init_from=str(imported_with_d.out_dir),
+            steps_g=0,
+            steps_d=2,
+            steps_joint=0,
+            lr=lr,
+            out=str(tmp_path / "run"),
+        ),
         progress=False,
     )
     assert result.step == 2
@@ -485,7 +497,8 @@ def test_init_from_an_import_starts_a_new_run_from_its_weights(tmp_path, importe
     # Two Adam steps moved the discriminator from the imported weights by at most ~lr each
     # (a random start would be O(0.1) away); and it did move.
     moved = max(
-        float((state["discriminator"][k] - v).abs().max()) for k, v in parameters(start["discriminator"], discriminator).items()
+        float((state["discriminator"][k] - v).abs().max())
+        for k, v in parameters(start["discriminator"], discriminator).items()
     )
     assert 0 < moved <= 2 * lr * 1.5
 
@@ -494,7 +507,10 @@ def test_an_init_from_run_resumes_in_its_block_order(tmp_path, imported_with_d):
     from gantool.training.loop import train
 
     run = tmp_path / "run"
-    train(dict(TRAIN, init_from=str(imported_with_d.out_dir), steps_g=2, steps_d=0, steps_joint=0, out=str(run)), progress=False)
+    train(
+        dict(TRAIN, init_from=str(imported_with_d.out_dir), steps_g=2, steps_d=0, steps_joint=0, out=str(run)),
+        progress=False,
+    )
     resumed = train({"steps_joint": 2}, resume=run / "checkpoints" / "last.pt", progress=False)
     assert resumed.step == 4
     state = load_checkpoint(run / "checkpoints" / "last.pt")
