@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "bench": ("gantool.cli.bench_cmd", "bench", "Benchmark training or inference."),
     "doctor": ("gantool.cli.doctor_cmd", "doctor", "Check torch, CUDA and ONNX Runtime."),
     "runs": ("gantool.cli.runs_cmd", "runs", "List training runs; summarise or plot one."),
+    "import": ("gantool.cli.import_cmd", "import_", "Import a model trained elsewhere (GLCIC-PyTorch)."),
 }
 
 

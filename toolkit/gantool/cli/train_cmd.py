@@ -23,6 +23,7 @@ Examples:
   gantool train --data ~/photos --config examples/train_small.toml --out runs/photos
   gantool train --resume runs/photos/checkpoints/last.pt --steps-joint 5000
   gantool train --resume runs/photos/checkpoints/step_5000.pt --out runs/photos-branch
+  gantool train --init-from imported/ --data ~/faces --steps-g 0 --steps-d 1000 --steps-joint 5000
 """
 
 DEFAULTS = TrainConfig()
@@ -100,6 +101,13 @@ class OneLineErrors(click.Command):
     "--resume",
     type=click.Path(dir_okay=False),
     help="Continue exactly from a checkpoint, in its own run (or in a new --out).",
+)
+@config_option(
+    "init_from",
+    "Start a NEW run from these weights: a checkpoint, a `gantool import` folder or generator.safetensors "
+    "(the model is theirs; optimizers and step start fresh).",
+    show="random weights",
+    type=click.Path(),
 )
 @config_option("val_images", "Held-out validation images.", type=int)
 @config_option("sample_every", "Validate and save a sample grid every N steps.", type=int)

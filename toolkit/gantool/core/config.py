@@ -21,7 +21,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 import tomli_w
 
-from gantool.core.constants import MASK_KINDS
+from gantool.core.constants import BLOCK_ORDERS, MASK_KINDS
 from gantool.core.errors import InputError, first_line
 
 # Two stride-2 convolutions down, two stride-2 transposed convolutions up.
@@ -38,6 +38,14 @@ class ModelConfig:
     size: int = 160  # training image size (global discriminator input)
     local_size: int = 96  # local discriminator crop
     fill: tuple[float, float, float] = (0.5, 0.5, 0.5)  # mean pixel written into holes
+    # The architecture variant. gantool trains conv -> BN -> ReLU without conv biases;
+    # GLCIC-PyTorch's models (gantool import) are conv (with bias) -> ReLU -> BN.
+    block_order: str = BLOCK_ORDERS[0]
+    conv_bias: bool = False
+    # Stride-2 convolutions in each discriminator branch; 0: from the input size (num_downsamples).
+    # GLCIC-PyTorch fixes them: local 5, global 5 (arc celeba) or 6 (arc places2).
+    disc_local_convs: int = 0
+    disc_global_convs: int = 0
 
     @property
     def stride(self) -> int:
@@ -54,6 +62,11 @@ class ModelConfig:
             raise InputError(f"--size ({self.size}) must be larger than --local-size ({self.local_size})")
         if len(self.fill) != 3 or not all(0.0 <= v <= 1.0 for v in self.fill):
             raise InputError("fill must be three values in [0, 1]")
+        if self.block_order not in BLOCK_ORDERS:
+            raise InputError(f"block_order = {self.block_order!r}: expected one of {', '.join(BLOCK_ORDERS)}")
+        for name in ("disc_local_convs", "disc_global_convs"):
+            if not 0 <= getattr(self, name) <= 12:
+                raise InputError(f"{name} must be 0 (from the size) to 12, got {getattr(self, name)}")
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -108,6 +121,9 @@ class TrainConfig:
     val_images: int = 8
     fill: tuple[float, float, float] | None = None  # None: mean pixel of the data
     tensorboard: bool = False  # event files under <run>/tensorboard/ (needs the tensorboard extra)
+    # A new run starting from these weights (a gantool checkpoint, or a `gantool import` folder);
+    # the model (architecture, widths, sizes, fill) is the checkpoint's. See gantool.training.init_from.
+    init_from: str | None = None
 
     @property
     def total_steps(self) -> int:
@@ -202,6 +218,7 @@ FIELD_RULES: dict[str, tuple[str, float | None, float | None]] = {
     "tensorboard": ("bool", None, None),
     "val_images": ("int", 1, 1024),
     "fill": ("rgb?", 0, 1),
+    "init_from": ("str?", None, None),
 }
 EXPECTED = {
     "str": "a string",

@@ -28,6 +28,9 @@ BENCH_INPAINT_PATHS = ("eager", "eager:bf16", "torchscript", "pt2", "pt2:bf16", 
 DEFAULT_INT8_MIN_PSNR = 35.0
 # Where the model runs on an image (see gantool.inference.inpainter).
 STRATEGIES = ("auto", "full", "crop", "resize")
+# How a network block orders its BatchNorm and ReLU after each convolution (ModelConfig.block_order):
+# gantool's own "conv-bn-relu" (the BN folds into the conv), or GLCIC-PyTorch's "conv-relu-bn".
+BLOCK_ORDERS = ("conv-bn-relu", "conv-relu-bn")
 # Training / evaluation hole shapes (see gantool.nn.masks).
 MASK_KINDS = ("box", "free", "mixed")
 # Post-processing of the network's output (see gantool.core.processing.poisson_blend):
@@ -76,6 +79,11 @@ METRICS_FILE = "metrics.jsonl"
 STATUS_FILE = "status.json"  # what the training process last said (gantool.training.tracking)
 CHECKPOINTS_DIR = "checkpoints"
 LAST_CHECKPOINT = "last.pt"
+# `gantool import`'s folder: the checkpoint it writes (beside generator.safetensors and the report).
+IMPORT_CHECKPOINT = "checkpoint.pt"
+IMPORT_REPORT = "import_report.json"
+# What `gantool import` reads (see gantool.training.glcic_import).
+IMPORT_FORMATS = ("glcic-pytorch",)
 SAMPLES_DIR = "samples"
 TENSORBOARD_DIR = "tensorboard"
 RUN_EXPORT_DIR = "export"  # where `gantool export` writes by default

@@ -3,9 +3,12 @@
 Reads top-down: the completion network (the generator), then the global and
 local discriminators joined as the context discriminator, then helpers. No I/O.
 
-Every convolution that BatchNorm follows has no bias and sits in a
-``conv -> BN -> ReLU`` block, so BN can be folded into it at export
-(:func:`fold_batchnorm`).
+Blocks come in two orders (``ModelConfig.block_order``): gantool's own
+``conv -> BN -> ReLU`` (convolutions without bias; BN folds into the conv at
+export) and GLCIC-PyTorch's ``conv (with bias) -> ReLU -> BN``, so its trained
+weights run here unchanged (:mod:`gantool.training.glcic_import`). Both are the
+same networks, built by the same code; :func:`fold_batchnorm` does what is
+exact for each order.
 """
 
 from __future__ import annotations
@@ -17,18 +20,38 @@ from torch import Tensor, nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from gantool.core.config import ModelConfig
+from gantool.core.constants import BLOCK_ORDERS
+
+BN_FIRST, RELU_FIRST = BLOCK_ORDERS  # "conv-bn-relu" (gantool), "conv-relu-bn" (GLCIC-PyTorch)
 
 
-def conv_block(cin: int, cout: int, kernel: int = 3, stride: int = 1, dilation: int = 1) -> nn.Sequential:
+def block(conv: nn.Module, cout: int, order: str = BN_FIRST) -> nn.Sequential:
+    """``conv`` followed by BatchNorm and ReLU in ``order`` (one of BLOCK_ORDERS)."""
+    if order == BN_FIRST:
+        return nn.Sequential(conv, nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+    if order == RELU_FIRST:
+        return nn.Sequential(conv, nn.ReLU(inplace=True), nn.BatchNorm2d(cout))
+    raise ValueError(f"block order {order!r}: expected one of {', '.join(BLOCK_ORDERS)}")
+
+
+def conv_block(
+    cin: int,
+    cout: int,
+    kernel: int = 3,
+    stride: int = 1,
+    dilation: int = 1,
+    order: str = BN_FIRST,
+    bias: bool = False,
+) -> nn.Sequential:
     padding = dilation * (kernel - 1) // 2
-    conv = nn.Conv2d(cin, cout, kernel, stride, padding, dilation=dilation, bias=False)
-    return nn.Sequential(conv, nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+    conv = nn.Conv2d(cin, cout, kernel, stride, padding, dilation=dilation, bias=bias)
+    return block(conv, cout, order)
 
 
-def up_block(cin: int, cout: int) -> nn.Sequential:
+def up_block(cin: int, cout: int, order: str = BN_FIRST, bias: bool = False) -> nn.Sequential:
     """4x4 stride-2 transposed convolution: exactly doubles H and W."""
-    conv = nn.ConvTranspose2d(cin, cout, 4, stride=2, padding=1, bias=False)
-    return nn.Sequential(conv, nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+    conv = nn.ConvTranspose2d(cin, cout, 4, stride=2, padding=1, bias=bias)
+    return block(conv, cout, order)
 
 
 class CompletionNetwork(nn.Module):
@@ -47,20 +70,25 @@ class CompletionNetwork(nn.Module):
         super().__init__()
         self.config = config
         w = config.width
+        order, bias = config.block_order, config.conv_bias
+
+        def conv(cin: int, cout: int, **kwargs: int) -> nn.Sequential:
+            return conv_block(cin, cout, order=order, bias=bias, **kwargs)
+
         self.body = nn.Sequential(
-            conv_block(4, w, kernel=5),
-            conv_block(w, 2 * w, stride=2),
-            conv_block(2 * w, 2 * w),
-            conv_block(2 * w, 4 * w, stride=2),
-            conv_block(4 * w, 4 * w),
-            conv_block(4 * w, 4 * w),
-            *(conv_block(4 * w, 4 * w, dilation=d) for d in (2, 4, 8, 16)),
-            conv_block(4 * w, 4 * w),
-            conv_block(4 * w, 4 * w),
-            up_block(4 * w, 2 * w),
-            conv_block(2 * w, 2 * w),
-            up_block(2 * w, w),
-            conv_block(w, w // 2),
+            conv(4, w, kernel=5),
+            conv(w, 2 * w, stride=2),
+            conv(2 * w, 2 * w),
+            conv(2 * w, 4 * w, stride=2),
+            conv(4 * w, 4 * w),
+            conv(4 * w, 4 * w),
+            *(conv(4 * w, 4 * w, dilation=d) for d in (2, 4, 8, 16)),
+            conv(4 * w, 4 * w),
+            conv(4 * w, 4 * w),
+            up_block(4 * w, 2 * w, order, bias),
+            conv(2 * w, 2 * w),
+            up_block(2 * w, w, order, bias),
+            conv(w, w // 2),
             nn.Conv2d(w // 2, 3, 3, padding=1),
             nn.Sigmoid(),
         )
@@ -85,16 +113,20 @@ def num_downsamples(size: int) -> int:
 
 
 class DiscriminatorBranch(nn.Module):
-    """5x5 stride-2 conv -> BN -> ReLU blocks, then a fully connected layer."""
+    """5x5 stride-2 conv blocks (BN and ReLU in ``order``), then a fully connected layer.
 
-    def __init__(self, input_size: int, width: int, fc: int) -> None:
+    ``convs`` = 0 takes the count from the input size (:func:`num_downsamples`).
+    """
+
+    def __init__(
+        self, input_size: int, width: int, fc: int, convs: int = 0, order: str = BN_FIRST, bias: bool = False
+    ) -> None:
         super().__init__()
         layers: list[nn.Module] = []
         cin, side = 3, input_size
-        for i in range(num_downsamples(input_size)):
+        for i in range(convs or num_downsamples(input_size)):
             cout = width * 2 ** min(i, 3)  # 64, 128, 256, 512, 512, ...
-            conv = nn.Conv2d(cin, cout, 5, stride=2, padding=2, bias=False)
-            layers += [conv, nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
+            layers += list(block(nn.Conv2d(cin, cout, 5, stride=2, padding=2, bias=bias), cout, order))
             cin, side = cout, (side + 1) // 2
         self.input_size = input_size
         self.features = nn.Sequential(*layers)
@@ -114,8 +146,10 @@ class ContextDiscriminator(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.global_branch = DiscriminatorBranch(config.size, config.disc_width, config.disc_fc)
-        self.local_branch = DiscriminatorBranch(config.local_size, config.disc_width, config.disc_fc)
+        c = config
+        variant = (c.block_order, c.conv_bias)
+        self.global_branch = DiscriminatorBranch(c.size, c.disc_width, c.disc_fc, c.disc_global_convs, *variant)
+        self.local_branch = DiscriminatorBranch(c.local_size, c.disc_width, c.disc_fc, c.disc_local_convs, *variant)
         self.head = nn.Linear(2 * config.disc_fc, 1)
 
     def forward(self, local_crop: Tensor, image: Tensor) -> Tensor:
@@ -130,18 +164,73 @@ def crop_local(images: Tensor, corners: Tensor, size: int) -> Tensor:
     )
 
 
+class ChannelAffine(nn.Module):
+    """``x * sign + shift`` per channel: what stays of a BatchNorm after a ReLU once its
+    scale is folded into the convolution before the ReLU (see :func:`fold_batchnorm`).
+
+    ``sign`` is +1 or -1 per channel, so the multiply is exact; it is skipped when all are +1.
+    """
+
+    sign: Tensor
+    shift: Tensor
+
+    def __init__(self, sign: Tensor, shift: Tensor) -> None:
+        super().__init__()
+        self.register_buffer("sign", sign.detach().clone().view(1, -1, 1, 1))
+        self.register_buffer("shift", shift.detach().clone().view(1, -1, 1, 1))
+        self.signed = bool((sign < 0).any())
+
+    def forward(self, x: Tensor) -> Tensor:
+        return (x * self.sign if self.signed else x) + self.shift
+
+
+def _scale_conv(conv: nn.Conv2d | nn.ConvTranspose2d, scale: Tensor) -> nn.Module:
+    """A copy of ``conv`` with each output channel multiplied by ``scale`` (bias too)."""
+    conv = copy.deepcopy(conv)
+    out_dim = 1 if isinstance(conv, nn.ConvTranspose2d) else 0  # ConvTranspose2d weights are (in, out, kh, kw)
+    shape = [1] * conv.weight.dim()
+    shape[out_dim] = -1
+    with torch.no_grad():
+        conv.weight.mul_(scale.view(shape))
+        if conv.bias is not None:
+            conv.bias.mul_(scale)
+    return conv
+
+
 def fold_batchnorm(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` in eval mode with every conv -> BN pair folded into one conv."""
+    """A copy of ``model`` in eval mode with each BatchNorm folded as far as is exact.
+
+    ``conv -> BN``: the BN folds into the conv entirely. ``conv -> ReLU -> BN``
+    (GLCIC-PyTorch's order): BN is ``y = a * relu(z) + b`` per channel, and
+    ``a * relu(z) = sign(a) * relu(|a| * z)``, so ``|a|`` folds into the conv before
+    the ReLU; ``sign(a)`` and the shift ``b`` stay as a :class:`ChannelAffine`. The
+    shift cannot move into the next convolution: it zero-pads, so at the border it
+    would add ``b`` where the original adds 0.
+    """
     model = copy.deepcopy(model).eval()
     for module in model.modules():
         if not isinstance(module, nn.Sequential):
             continue
         for i in range(len(module) - 1):
-            conv, bn = module[i], module[i + 1]
-            if isinstance(conv, (nn.Conv2d, nn.ConvTranspose2d)) and isinstance(bn, nn.BatchNorm2d):
+            conv, nxt = module[i], module[i + 1]
+            if not isinstance(conv, (nn.Conv2d, nn.ConvTranspose2d)):
+                continue
+            if isinstance(nxt, nn.BatchNorm2d):
                 transpose = isinstance(conv, nn.ConvTranspose2d)
-                module[i] = fuse_conv_bn_eval(conv, bn, transpose=transpose)
+                module[i] = fuse_conv_bn_eval(conv, nxt, transpose=transpose)
                 module[i + 1] = nn.Identity()
+            elif isinstance(nxt, nn.ReLU) and i + 2 < len(module) and isinstance(module[i + 2], nn.BatchNorm2d):
+                bn: nn.BatchNorm2d = module[i + 2]  # type: ignore[assignment]  # checked above
+                mean, var = bn.running_mean, bn.running_var
+                assert mean is not None and var is not None  # eval-mode BN keeps them
+                gamma = bn.weight if bn.weight is not None else torch.ones_like(var)
+                beta = bn.bias if bn.bias is not None else torch.zeros_like(var)
+                with torch.no_grad():
+                    scale = gamma / torch.sqrt(var + bn.eps)
+                    shift = beta - mean * scale
+                    sign = torch.where(scale < 0, -1.0, 1.0).to(scale.dtype)
+                module[i] = _scale_conv(conv, scale.abs())
+                module[i + 2] = ChannelAffine(sign, shift)
     return model
 
 

@@ -56,6 +56,7 @@ from gantool.training.distributed import (
     setup_distributed,
     sync_batchnorm_supported,
 )
+from gantool.training.init_from import adopt_init_model, run_model
 from gantool.training.runfolder import RunPlan, claim_run_folder, lock_run_folder, plan_run_folder, trim_metrics
 from gantool.training.tracking import RunTracker, summary_writer_class
 
@@ -401,6 +402,7 @@ def prepare_run(
         clashes = [k for k in MODEL_KEYS if getattr(saved, k) != getattr(cfg, k)]
         if clashes:
             raise InputError(f"--resume: {', '.join(clashes)} differ from the checkpoint's model")
+    cfg = adopt_init_model(cfg, chosen, resuming=state is not None)
     cfg.validate()
     step = int(state["step"]) if state is not None else 0
     if step >= cfg.total_steps:
@@ -472,7 +474,7 @@ def _train(
         log.warning("skipped %d unreadable file(s) in %s (first: %s)", len(source.skipped), cfg.data, source.skipped[0])
     held = holdout_count(source, cfg.val_images)
     fill = tuple(state["model_config"]["fill"]) if state else (cfg.fill or estimate_fill(source, cfg.size))
-    model_cfg = cfg.model_config(fill)
+    model_cfg, init = run_model(cfg, fill, state)
 
     nets = build_networks(model_cfg, cfg, device, dist)
     opt_g, opt_d = build_optimizers(nets, cfg)
@@ -484,6 +486,8 @@ def _train(
         opt_d.load_state_dict(state["opt_d"])
         restore_rng_state(state["rng"])  # rank 0's streams
         step = int(state["step"])
+    elif init is not None:
+        init.load_into(nets.generator, nets.discriminator)
     if dist.rank > 0:
         seed_rank(cfg.seed, dist.rank, step)
 
