@@ -240,6 +240,11 @@ def _run(
             result,
         )
         return result
+    except GantoolError as e:
+        cause = worker_cause(str(e))
+        if cause is None:
+            raise
+        raise type(e)(cause) from None
     except OSError as e:  # a write no helper wrapped (a full disk under TensorBoard's writer, ...): one line
         raise InputError(f"cannot write {e.filename or result.run_dir}: {e.strerror or e}") from None
     finally:
@@ -248,6 +253,20 @@ def _run(
         if made and result.run_dir is not None and remove_untrained_run(result.run_dir, keep_folder=existed):
             result.run_dir = None  # nothing was trained: the new folder is gone again
         dist.shutdown()
+
+
+def worker_cause(message: str) -> str | None:
+    """The one-line cause inside a DataLoader worker's re-raised error, or None for any other message.
+
+    torch re-raises an error of a worker process in the main one as "Caught X in
+    DataLoader worker process N." followed by the worker's traceback; its last
+    line is "module.X: the message".
+    """
+    if not message.startswith("Caught ") or "DataLoader worker" not in message.split("\n", 1)[0]:
+        return None
+    last = [line for line in message.splitlines() if line.strip()][-1]
+    head, sep, rest = last.partition(": ")
+    return rest if sep and " " not in head else last
 
 
 def _claim_on_rank0(plan: RunPlan, dist: DistributedContext) -> tuple[Path, Any]:
@@ -429,17 +448,18 @@ def _train(
                 if stop_now:
                     result.interrupted = True
                     break
-        except AbortNow:
-            raise
         except (RuntimeError, KeyboardInterrupt) as e:
             if not stop.requested and not isinstance(e, KeyboardInterrupt):
                 raise  # a real failure (DataLoader workers also die on Ctrl-C: that case is an interrupt)
             result.interrupted = True
         finally:
             bar.close()
-        # Only a whole step is saved: an error raised mid-step leaves the last checkpoint as it is.
-        if result.interrupted and not in_step and dist.is_main and step > start_step and saved_step != step:
+        # Only a whole step is saved, and never after a second signal (it may have cut a step or a write short).
+        whole_step = not stop.aborted and not in_step
+        if result.interrupted and whole_step and dist.is_main and step > start_step and saved_step != step:
             last_good = checkpoint(step)
+        if stop.aborted:
+            raise AbortNow  # the tracker records "stopped at once"; train() returns the result
         tracker.finish(step, phase_at(max(step - 1, 0), cfg), result.interrupted)
     dist.barrier()  # the others wait until rank 0's last checkpoint is on disk
     result.step, result.phase = step, phase_at(max(step - 1, 0), cfg)
