@@ -226,3 +226,13 @@ def load_training_state(
             raise CheckpointError(
                 f"cannot resume: the checkpoint's {key} does not fit the model ({first_line(e)})"
             ) from None
+    for key, opt in (("opt_g", opt_g), ("opt_d", opt_d)):
+        # load_state_dict does not compare shapes: a foreign Adam state would fail at the first step.
+        for group in opt.param_groups:
+            for param in group["params"]:
+                for name, value in opt.state.get(param, {}).items():
+                    if isinstance(value, torch.Tensor) and value.dim() and value.shape != param.shape:
+                        raise CheckpointError(
+                            f"cannot resume: the checkpoint's {key} does not fit the model "
+                            f"({name} of shape {tuple(value.shape)} for a parameter of shape {tuple(param.shape)})"
+                        )
