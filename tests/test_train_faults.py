@@ -476,3 +476,26 @@ def test_a_toml_file_with_a_utf8_bom_is_read(tmp_path):
     path = tmp_path / "train.toml"
     path.write_bytes(b"\xef\xbb\xbfsteps_g = 3\n")
     assert read_toml(path) == {"steps_g": 3}
+
+
+def test_runs_shows_the_checkpoint_step_missing_phases_null_psnr_and_plots_jpeg(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.toml").write_text("steps_g = 4\nsteps_d = 2\nsteps_joint = 2\n")
+    (run / "metrics.jsonl").write_text(
+        json.dumps({"step": 1, "loss_rec": 0.5, "images_per_s": 3.0}) + "\n"
+        + json.dumps({"step": 1, "val_psnr": None, "val_psnr_hole": None}) + "\n"
+    )
+    (run / "status.json").write_text(json.dumps({"state": "stopped", "reason": "signal", "step": 0,
+                                                 "total_steps": 8, "phase": "g", "checkpoint_step": 2,
+                                                 "pid": 1, "host": "elsewhere"}))
+    result = CliRunner().invoke(cli, ["runs", str(run)])
+    assert result.exit_code == 0, result.output
+    assert "step:        2/8" in result.output and "broken" not in result.output
+    listed = CliRunner().invoke(cli, ["runs", str(tmp_path)])
+    assert listed.exit_code == 0 and "2/8" in listed.output, listed.output
+    pytest.importorskip("matplotlib")
+    plot = CliRunner().invoke(cli, ["runs", str(run), "--plot", str(tmp_path / "curves.jpg")])
+    assert plot.exit_code == 0, plot.output
+    assert (tmp_path / "curves.jpg").read_bytes()[:3] == b"\xff\xd8\xff"  # JPEG bytes in a .jpg
+    one_line(CliRunner().invoke(cli, ["runs", str(run), "--plot", str(tmp_path / "curves.bmp")]), "must end in")
