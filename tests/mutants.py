@@ -95,7 +95,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "recon_weight_ignored",
-        "training/loop.py",
+        "training/steps.py",
         "loss_g = cfg.recon_weight * loss_rec + loss_adv",
         "loss_g = loss_rec + loss_adv",
         (f"{ORACLES}::test_generator_step_gradient_is_recon_weight_times_hole_mse_plus_alpha_times_bce_real",),
@@ -109,7 +109,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "joint_phase_without_adversarial_loss",
-        "training/loop.py",
+        "training/steps.py",
         'adversarial=phase == "joint")',
         "adversarial=False)",
         (f"{LOOP}::test_twin_gantool_generator_gradient_comes_from_a_fresh_pass_through_the_updated_d",),
@@ -117,14 +117,14 @@ MUTANTS: list[Mutant] = [
     # --------------------------------------------------------------------- detach and freeze
     Mutant(
         "detach_removed_in_d_step",
-        "training/loop.py",
+        "training/steps.py",
         "discriminator_step(nets, opt_d, real, fake.detach().float(), corners, cfg, autocast)",
         "discriminator_step(nets, opt_d, real, fake.float(), corners, cfg, autocast)",
         (f"{LOOP}::test_twin_gantool_joint_steps_run_and_move_both_networks",),
     ),
     Mutant(
         "d_not_frozen_in_g_step",
-        "training/loop.py",
+        "training/steps.py",
         "set_requires_grad(nets.discriminator, False)  # G's loss",
         "set_requires_grad(nets.discriminator, True)  # G's loss",
         (f"{LOOP}::test_twin_gantool_joint_step_leaves_only_d_loss_gradients_in_d",),
@@ -234,9 +234,9 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "resume_optimizer_state_dropped",
-        "training/loop.py",
-        'opt_g.load_state_dict(state["opt_g"])',
-        "pass",
+        "training/checkpoint.py",
+        '("opt_g", opt_g),\n        ("opt_d", opt_d),\n    )\n    for key, target in parts:',
+        '("opt_d", opt_d),\n    )\n    for key, target in parts:',
         ("test_train.py::test_resume_is_bitwise_exact",),
         ci=False,
     ),
@@ -329,6 +329,71 @@ MUTANTS: list[Mutant] = [
         ("test_cli.py::test_info_prints_its_header_once",),
         why="gantool info printed its header line twice",
     ),
+    Mutant(
+        "second_signal_still_checkpoints",
+        "training/loop.py",
+        "if result.interrupted and whole_step and dist.is_main",
+        "if result.interrupted and dist.is_main",
+        ("test_train_faults.py::test_a_second_signal_mid_step_saves_nothing_and_the_last_checkpoint_resumes_exactly",),
+        why="the old loop wrote half of the next step under the last step's number",
+    ),
+    Mutant(
+        "checkpoint_write_cause_hidden",
+        "training/checkpoint.py",
+        "                if recorder.error is not None:",
+        "                if False:",
+        ("test_train_faults.py::test_the_checkpoint_writer_keeps_the_cause_torch_would_hide",),
+    ),
+    Mutant(
+        "older_step_checkpoints_ignored",
+        "training/runfolder.py",
+        "        steps += [int(m.group(1)) for p in folder.iterdir() if (m := STEP_CHECKPOINT.fullmatch(p.name))]",
+        "        pass",
+        ("test_train_faults.py::test_an_older_checkpoint_is_refused_in_place_even_without_last_pt",),
+    ),
+    Mutant(
+        "relative_data_kept_relative",
+        "training/loop.py",
+        "cfg = cfg.replace(data=str(Path(cfg.data).absolute()))",
+        "pass",
+        ("test_train_faults.py::test_relative_data_is_recorded_absolute_and_resume_elsewhere_trains_on_it",),
+    ),
+    Mutant(
+        "data_change_not_refused",
+        "training/data.py",
+        "    if not differs:\n        return\n    what",
+        "    if True:\n        return\n    what",
+        ("test_train_faults.py::test_resume_on_changed_or_other_data_is_refused_unless_allowed",),
+    ),
+    Mutant(
+        "run_inside_run_allowed",
+        "training/runfolder.py",
+        "    outer = enclosing_run(target)",
+        "    outer = None",
+        ("test_train_faults.py::test_a_run_is_never_made_inside_another_run",),
+    ),
+    Mutant(
+        "untrained_folder_left_behind",
+        "training/loop.py",
+        "        if made and result.run_dir is not None and remove_untrained_run(",
+        "        if False and remove_untrained_run(",
+        ("test_train_faults.py::test_a_refusal_after_the_folder_was_made_removes_it_again",),
+    ),
+    Mutant(
+        "toml_bom_refused",
+        "core/config.py",
+        'path.read_bytes().decode("utf-8-sig")',
+        'path.read_bytes().decode("utf-8")',
+        ("test_train_faults.py::test_a_toml_file_with_a_utf8_bom_is_read",),
+    ),
+    Mutant(
+        "bad_image_warned_every_time",
+        "training/data.py",
+        "            if self.bad[i]:\n                continue",
+        "            if False:\n                continue",
+        ("test_train_faults.py::test_a_truncated_jpeg_is_warned_about_once_and_a_held_out_one_is_not_replaced",),
+    ),
+
 ]
 
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-import gantool.training.loop as train_module
+import gantool.training.steps as train_module
 from gantool.cli import cli
 from gantool.core.errors import InputError, TrainingError
 from gantool.training.loop import train

@@ -14,7 +14,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-import gantool.training.loop as train_module
+import gantool.training.steps as train_module
 from gantool.cli import cli
 from gantool.core.config import TrainConfig, read_toml
 from gantool.core.errors import InputError, TrainingError
@@ -327,7 +327,7 @@ def test_resume_from_an_older_checkpoint_refuses_or_branches_with_out(tmp_path):
     before = run_files(run)
     older = run / "checkpoints" / "step_4.pt"
     result = run_cli("train", "--resume", str(older), "--quiet")
-    assert_one_line_error(result, "newer checkpoint (step 8)")
+    assert_one_line_error(result, "newer state (step 8)")
     assert "--out" in result.output
     branch = train({"out": str(tmp_path / "branch"), "steps_joint": 6}, resume=older, progress=False)
     assert branch.step == 10 and branch.run_dir == (tmp_path / "branch").resolve()

@@ -21,7 +21,8 @@ Examples:
     "--plot",
     "plot_path",
     type=click.Path(dir_okay=False, path_type=Path),
-    help='Draw one run\'s losses, D outputs and validation PSNR to this PNG (pip install "gantool[tensorboard]").',
+    help="Draw one run's losses, D outputs and validation PSNR to this image: .png, .jpg, .svg or .pdf "
+    '(pip install "gantool[tensorboard]").',
 )
 @click.option("--overwrite", is_flag=True, help="Replace an existing --plot file.")
 def runs(path: Path, plot_path: Path | None, overwrite: bool) -> None:

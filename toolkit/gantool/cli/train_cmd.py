@@ -6,6 +6,7 @@ by ``--help``); values are checked by the library before anything is written.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -122,30 +123,75 @@ class OneLineErrors(click.Command):
     show="mean pixel of the data",
     type=(float, float, float),
 )
+@click.option(
+    "--allow-data-change",
+    is_flag=True,
+    help="With --resume: continue on a data folder other than (or changed from) the checkpoint's.",
+)
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def train(config_file: str | None, resume: str | None, quiet: bool, **options: Any) -> None:
+def train(config_file: str | None, resume: str | None, allow_data_change: bool, quiet: bool, **options: Any) -> None:
     """Train a GLCIC inpainting GAN with the fixed GAN loop.
 
     Phases: reconstruction only (--steps-g), discriminator only (--steps-d), then
     joint (--steps-joint). Writes checkpoints/, samples/, metrics.jsonl and
     config.toml to the run folder. Ctrl-C or SIGTERM finishes the step, saves a
-    checkpoint and exits 130 or 143; SIGUSR1 saves a checkpoint and continues.
+    checkpoint and exits 130 or 143; a second one stops at once, keeping the
+    last complete checkpoint; SIGUSR1 saves a checkpoint and continues.
     """
+    from gantool.training.signals import StopFlag  # stdlib only: installed before torch is imported
+
+    stop = StopFlag()
+    with stop.installed():
+        try:
+            result = _run(config_file, resume, allow_data_change, quiet, options, stop)
+        except KeyboardInterrupt:  # a second signal before the run's own handling began
+            click.echo("interrupted before training started; nothing was written", err=True)
+            sys.exit(128 + (stop.signum or signal.SIGINT))
+    _report(result)
+
+
+def _run(
+    config_file: str | None,
+    resume: str | None,
+    allow_data_change: bool,
+    quiet: bool,
+    options: dict[str, Any],
+    stop: Any,
+) -> Any:
     from gantool.core.config import read_toml
     from gantool.training.loop import train as run_training  # imports torch: only when training
 
     chosen = read_toml(config_file) if config_file else {}
     chosen.update(explicit_options(click.get_current_context(), options))
-    result = run_training(chosen, resume=resume, progress=not quiet)
+    return run_training(chosen, resume=resume, progress=not quiet, allow_data_change=allow_data_change, stop=stop)
+
+
+def _report(result: Any) -> None:
     if result.rank != 0:  # under torchrun, rank 0 speaks for the run
         sys.exit(result.exit_code)
-    where = result.last_checkpoint or "(no checkpoint)"
+    where = result.last_checkpoint
+    at = f" (step {result.checkpoint_step})" if result.checkpoint_step is not None else ""
     if result.interrupted:
         name = signal.Signals(result.stop_signal or signal.SIGINT).name
-        click.echo(
-            f"interrupted at step {result.step} by {name}; checkpoint: {where}",
-            err=True,
-        )
-        click.echo(f"resume with: gantool train --resume {where}", err=True)
+        if result.aborted:
+            kept = f"the last complete checkpoint is {where}{at}" if where else "no checkpoint was written"
+            _say(f"stopped at once by a second {name}: nothing saved after the last checkpoint; {kept}", err=True)
+        elif where is None:
+            _say(f"interrupted by {name} before the first step; nothing was kept", err=True)
+        else:
+            _say(f"interrupted at step {result.step} by {name}; checkpoint: {where}", err=True)
+        if where is not None:
+            _say(f"resume with: gantool train --resume {where}", err=True)
         sys.exit(result.exit_code)
-    click.echo(f"done: step {result.step} ({result.phase} phase); run folder {result.run_dir}; checkpoint {where}")
+    _say(f"done: step {result.step} ({result.phase} phase); run folder {result.run_dir}; checkpoint {where}")
+
+
+def _say(line: str, err: bool = False) -> None:
+    """echo that survives a closed pipe (``gantool train ... | head``): the line goes to stderr instead."""
+    try:
+        click.echo(line, err=err)
+    except BrokenPipeError:
+        # Python would report the broken pipe again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if not err:
+            click.echo(line, err=True)

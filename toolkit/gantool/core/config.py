@@ -316,8 +316,8 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     """The options in a TOML file: a flat file, or one with a ``[train]`` table."""
     path = Path(path)
     try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
+        # utf-8-sig: a byte-order mark (Windows editors write one) is not part of the TOML.
+        data = tomllib.loads(path.read_bytes().decode("utf-8-sig"))
     except FileNotFoundError:
         raise InputError(f"config file not found: {path}") from None
     except IsADirectoryError:

@@ -36,15 +36,41 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
 
     def write(tmp: Path) -> None:
         # Through a Python file so a full disk raises OSError(ENOSPC) (atomic_save
-        # turns it into one line); torch's own file writer reports it as an
-        # unreadable RuntimeError ("unexpected pos ...").
+        # turns it into one line). torch's writer calls f.write from C++ and turns
+        # whatever it raises (ENOSPC, the KeyboardInterrupt of a second Ctrl-C) into
+        # an unreadable RuntimeError ("unexpected pos ..."): the first such error is
+        # kept and raised instead.
         with tmp.open("wb") as f:
-            torch.save(payload, f)
+            recorder = _RecordingFile(f)
+            try:
+                torch.save(payload, recorder)  # type: ignore[arg-type]
+            except RuntimeError:
+                if recorder.error is not None:
+                    raise recorder.error from None
+                raise
 
     try:
         return atomic_save(path, write)
     except RuntimeError as e:
         raise CheckpointError(f"cannot write checkpoint {path}: {first_line(e)}") from None
+
+
+class _RecordingFile:
+    """A binary file whose first write error is kept (torch's C++ writer swallows it)."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+        self.error: BaseException | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.f.write(data)
+        except BaseException as e:
+            self.error = self.error or e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -152,3 +178,61 @@ def load_generator_weights(path: str | Path) -> tuple[CompletionNetwork, dict[st
     except RuntimeError as e:
         raise CheckpointError(f"{path}: weights do not match the model config ({first_line(e)})") from None
     return generator.eval(), meta
+
+
+# ------------------------------------------------------------------- training state
+
+TRAINING_KEYS = ("train_config", "discriminator", "opt_g", "opt_d", "rng")
+
+
+def check_training_state(state: dict[str, Any], path: str | Path) -> None:
+    """What a resume needs is present and of the right kind (one-line CheckpointError otherwise).
+
+    A hand-edited or foreign file must be refused before a run folder exists,
+    not half-way through loading it.
+    """
+    if "train_config" not in state or "opt_g" not in state:
+        raise CheckpointError(f"{path} has no training state (was it exported weights?)")
+    missing = [k for k in TRAINING_KEYS if k not in state]
+    if missing:
+        raise CheckpointError(f"{path} cannot be resumed: it has no {', '.join(missing)}")
+    step = state["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(f"{path} cannot be resumed: its step is {step!r}, not a whole number >= 0")
+    for key in ("train_config", "model_config", "generator", "discriminator", "opt_g", "opt_d", "rng"):
+        if not isinstance(state[key], dict):
+            raise CheckpointError(f"{path} cannot be resumed: {key} is a {type(state[key]).__name__}, not a mapping")
+    rng = state["rng"]
+    if not {"torch", "python", "numpy"} <= set(rng):
+        raise CheckpointError(
+            f"{path} cannot be resumed: its rng state lacks {', '.join(sorted({'torch', 'python', 'numpy'} - set(rng)))}"
+        )
+
+
+def load_training_state(
+    state: dict[str, Any], nets: Any, opt_g: torch.optim.Optimizer, opt_d: torch.optim.Optimizer
+) -> None:
+    """Weights and optimizer states into the built networks; a mismatch is one line."""
+    parts = (
+        ("generator", nets.generator),
+        ("discriminator", nets.discriminator),
+        ("opt_g", opt_g),
+        ("opt_d", opt_d),
+    )
+    for key, target in parts:
+        try:
+            target.load_state_dict(state[key])
+        except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
+            raise CheckpointError(
+                f"cannot resume: the checkpoint's {key} does not fit the model ({first_line(e)})"
+            ) from None
+    for key, opt in (("opt_g", opt_g), ("opt_d", opt_d)):
+        # load_state_dict does not compare shapes: a foreign Adam state would fail at the first step.
+        for group in opt.param_groups:
+            for param in group["params"]:
+                for name, value in opt.state.get(param, {}).items():
+                    if isinstance(value, torch.Tensor) and value.dim() and value.shape != param.shape:
+                        raise CheckpointError(
+                            f"cannot resume: the checkpoint's {key} does not fit the model "
+                            f"({name} of shape {tuple(value.shape)} for a parameter of shape {tuple(param.shape)})"
+                        )

@@ -8,10 +8,12 @@ DataLoader workers / DDP ranks deterministic without shared RNG state.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -72,20 +74,57 @@ class ImageFolderSource:
         if not self.paths:
             found = f"{len(candidates)} candidate file(s), none readable" if candidates else "no image files"
             raise InputError(f"no readable images in {self.root} ({found}; extensions: {', '.join(IMAGE_EXTENSIONS)})")
+        self.candidates = candidates
+        self.train_count = len(self.paths)  # set by the loop to the images before the held-out ones
+        # Images found undecodable, shared with DataLoader workers (a tensor in shared
+        # memory), so each is warned about once per run, not once per worker and epoch.
+        self.bad = torch.zeros(len(self.paths), dtype=torch.bool).share_memory_()
 
     def __len__(self) -> int:
         return len(self.paths)
 
+    def load_exact(self, index: int, size: int, rng: np.random.Generator) -> np.ndarray:
+        """Image ``index`` cropped, or InputError (undecodable, or NaN / infinite pixels)."""
+        path = self.paths[index]
+        arr = random_crop_resize(read_image(path), size, rng)
+        if not np.isfinite(arr).all():
+            raise InputError(f"image {path} has NaN or infinite pixel values")
+        return arr
+
     def load(self, index: int, size: int, rng: np.random.Generator) -> np.ndarray:
-        # A file that passed verify() can still fail to decode (truncated data): try
-        # the next ones instead of crashing a long run.
-        for attempt in range(len(self.paths)):
-            path = self.paths[(index + attempt) % len(self.paths)]
+        # A file that passed verify() can still fail to decode (truncated data): use
+        # the next training images instead of crashing a long run (never a held-out one).
+        pool = self.train_count if index < self.train_count else len(self.paths)
+        for attempt in range(pool):
+            i = (index + attempt) % pool
+            if self.bad[i]:
+                continue
             try:
-                return random_crop_resize(read_image(path), size, rng)
+                return self.load_exact(i, size, rng)
             except InputError as e:
-                log.warning("skipping unreadable image: %s", e)
+                if not self.bad[i]:
+                    self.bad[i] = True
+                    log.warning("skipping unreadable image (it is left out from now on): %s", e)
         raise InputError(f"no image in {self.root} could be decoded")
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The folder's absolute path and a digest of its image files' names, sizes and mtimes."""
+        digest = hashlib.sha256()
+        total = 0
+        for path in self.candidates:
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            total += st.st_size
+            name = path.relative_to(self.root).as_posix().encode("utf-8", "surrogateescape")
+            digest.update(name + b"\0" + f"{st.st_size}:{st.st_mtime_ns}".encode() + b"\n")
+        return {
+            "path": str(self.root.absolute()),
+            "files": len(self.candidates),
+            "bytes": total,
+            "sha256": digest.hexdigest(),
+        }
 
 
 class SyntheticSource:
@@ -94,6 +133,10 @@ class SyntheticSource:
     def __init__(self, count: int = 4096, seed: int = 0) -> None:
         self.count, self.seed = count, seed
         self.skipped: list[Path] = []
+        self.train_count = count
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"path": SYNTHETIC, "files": self.count, "bytes": 0, "sha256": f"synthetic seed {self.seed}"}
 
     def __len__(self) -> int:
         return self.count
@@ -127,6 +170,40 @@ class SyntheticSource:
 
 def open_source(data: str, seed: int = 0) -> ImageFolderSource | SyntheticSource:
     return SyntheticSource(seed=seed) if data == SYNTHETIC else ImageFolderSource(data)
+
+
+def data_fingerprint(source: ImageFolderSource | SyntheticSource, data: str) -> dict[str, Any]:
+    """What a checkpoint records about its data (:meth:`ImageFolderSource.fingerprint`)."""
+    return source.fingerprint()
+
+
+def check_data_unchanged(saved: Any, now: dict[str, Any], allowed: bool) -> None:
+    """Refuse (one line saying what differs) to resume on data other than the checkpoint's.
+
+    ``allowed`` (``--allow-data-change``) turns the refusal into a warning.
+    Checkpoints from before fingerprints were recorded are not checked.
+    """
+    if not isinstance(saved, dict) or "sha256" not in saved:
+        return
+    differs = []
+    if saved.get("path") != now["path"]:
+        differs.append(f"folder {saved.get('path')} -> {now['path']}")
+    if saved.get("files") != now["files"]:
+        differs.append(f"{saved.get('files')} -> {now['files']} image files")
+    elif saved.get("bytes") != now["bytes"]:
+        differs.append(f"{saved.get('bytes')} -> {now['bytes']} bytes")
+    if not differs and saved.get("sha256") != now["sha256"]:
+        differs.append("the same number of files, but names, sizes or modification times changed")
+    if not differs:
+        return
+    what = "; ".join(differs)
+    if allowed:
+        log.warning("resuming on other data (--allow-data-change): %s", what)
+        return
+    raise InputError(
+        f"--resume: the data differs from what the checkpoint trained on ({what}); "
+        "to continue on this data, add --allow-data-change"
+    )
 
 
 class InpaintingDataset(torch.utils.data.Dataset):
@@ -228,8 +305,20 @@ def validation_batch(
     else:
         held = holdout_count(source, count)
         indices = list(range(len(source) - held, len(source))) if held else list(range(min(count, len(source))))
-    dataset = InpaintingDataset(source, size, local_size, mask_kind, hole_range)
-    items = [dataset[(i, seed * 1_000_003 + k)] for k, i in enumerate(indices)]
+    items = []
+    for k, i in enumerate(indices):
+        rng = np.random.default_rng(seed * 1_000_003 + k)
+        try:  # exactly this image: a held-out one is never replaced by a training image
+            image = (
+                source.load_exact(i, size, rng) if isinstance(source, ImageFolderSource) else source.load(i, size, rng)
+            )
+        except InputError as e:
+            log.warning("validation leaves out an image it cannot read: %s", e)
+            continue
+        mask, corner = generate_mask(mask_kind, rng, size, local_size, hole_range)
+        items.append((torch.from_numpy(image), torch.from_numpy(mask[None]), torch.tensor(corner)))
+    if not items:
+        raise InputError(f"none of the {len(indices)} validation image(s) could be read")
     return tuple(torch.stack(t) for t in zip(*items))  # type: ignore[return-value]
 
 

@@ -1,18 +1,15 @@
-"""The GLCIC training loop, correct by construction.
+"""The training run: :func:`train` (importable, testable) around the step functions.
 
-Each joint step:
-  1. fake = G(masked real)                       (one generator forward)
-  2. D on the real images and on fake.detach();  D step
-  3. a FRESH D pass on fake (not detached), D frozen (requires_grad off);
-     adversarial + reconstruction loss;          G step
-No retain_graph anywhere, no discriminator output reused across backward
-calls, and no gradient of G's loss ever lands in D's parameters.
+The step itself (what each phase computes and updates) is in
+:mod:`gantool.training.steps`; what it is built from (device, networks,
+optimizers, RNG state) in :mod:`gantool.training.build`; signals in
+:mod:`gantool.training.signals`. This module orchestrates one run: config and
+resume checks, the run folder, the data, the loop, checkpoints, metrics,
+samples and the end of the run (finished, stopped by a signal, failed).
 
-Phases follow GLCIC: reconstruction only (``steps_g``), discriminator only
-(``steps_d``), then joint (``steps_joint``).
-
-:func:`train` is the whole run (importable, testable); the step functions
-below it are the loop's body.
+A checkpoint holds one complete step: it is written only at a step boundary.
+A second stop signal mid-step (or mid-write) writes nothing, so the last
+complete checkpoint stays as it was.
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ import json
 import logging
 import math
 import os
-import random
 import signal
 import time
 from collections.abc import Iterator, Mapping
@@ -30,280 +26,95 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from gantool.core.config import ModelConfig, TrainConfig, check_options, toml_text
+from gantool.core.config import TrainConfig, check_options, toml_text
 from gantool.core.constants import CHECKPOINTS_DIR, LAST_CHECKPOINT, METRICS_FILE, RUN_CONFIG_FILE, SAMPLES_DIR
-from gantool.core.errors import CheckpointError, GantoolError, InputError, TrainingError
+from gantool.core.errors import GantoolError, InputError, TrainingError
 from gantool.core.fileio import atomic_save, atomic_write_text, ensure_writable_dir
 from gantool.core.processing import to_uint8
-from gantool.nn.losses import discriminator_loss, generator_adversarial_loss, hole_mse, l1, psnr, ssim
-from gantool.nn.networks import CompletionNetwork, ContextDiscriminator, crop_local
-from gantool.training.checkpoint import load_checkpoint, save_checkpoint
+from gantool.nn.losses import hole_mse, l1, psnr, ssim
+from gantool.nn.networks import CompletionNetwork
+from gantool.training.build import (
+    amp_supported,
+    autocast_for,
+    build_networks,
+    build_optimizers,
+    cpu_has_native_bf16,
+    resolve_device,
+    restore_rng_state,
+    rng_state,
+    use_amp,
+    use_channels_last,
+)
+from gantool.training.checkpoint import check_training_state, load_checkpoint, load_training_state, save_checkpoint
 from gantool.training.data import (
     InpaintingDataset,
     StepBatchSampler,
+    check_data_unchanged,
+    data_fingerprint,
     estimate_fill,
     holdout_count,
     open_source,
     validation_batch,
 )
-from gantool.training.distributed import (
-    DistributedContext,
-    seed_rank,
-    setup_distributed,
-    sync_batchnorm_supported,
-)
+from gantool.training.distributed import DistributedContext, seed_rank, setup_distributed
 from gantool.training.init_from import adopt_init_model, run_model
-from gantool.training.runfolder import RunPlan, claim_run_folder, lock_run_folder, plan_run_folder, trim_metrics
+from gantool.training.runfolder import (
+    RunPlan,
+    check_utf8_path,
+    claim_run_folder,
+    lock_run_folder,
+    plan_run_folder,
+    remove_untrained_run,
+    trim_metrics,
+)
+from gantool.training.signals import AbortNow, StopFlag
+from gantool.training.steps import (
+    PHASE_NAMES,
+    DiscriminatorPair,
+    Networks,
+    discriminator_step,
+    generator_step,
+    phase_at,
+    set_requires_grad,
+    train_step,
+)
 from gantool.training.tracking import RunTracker, summary_writer_class
 
 log = logging.getLogger(__name__)
 
-PHASE_NAMES = {"g": "completion", "d": "discriminator", "joint": "joint"}
-
-
-def phase_at(step: int, cfg: TrainConfig) -> str:
-    if step < cfg.steps_g:
-        return "g"
-    return "d" if step < cfg.steps_g + cfg.steps_d else "joint"
-
-
-# ------------------------------------------------------------------------ the step functions
-
-
-class DiscriminatorPair(nn.Module):
-    """D on the real and the fake batch in one forward call (so DDP sees one
-    forward per backward). Real and fake keep separate BatchNorm statistics."""
-
-    def __init__(self, discriminator: ContextDiscriminator) -> None:
-        super().__init__()
-        self.discriminator = discriminator
-
-    def forward(self, real_crop: Tensor, real: Tensor, fake_crop: Tensor, fake: Tensor) -> tuple[Tensor, Tensor]:
-        return self.discriminator(real_crop, real), self.discriminator(fake_crop, fake)
-
-
-@dataclass
-class Networks:
-    """The raw modules and what the loop calls (DDP wrappers or the modules themselves)."""
-
-    generator: CompletionNetwork
-    discriminator: ContextDiscriminator
-    run_generator: nn.Module
-    run_pair: nn.Module
-
-
-def set_requires_grad(module: nn.Module, flag: bool) -> None:
-    for p in module.parameters():
-        p.requires_grad_(flag)
-
-
-def discriminator_step(
-    nets: Networks,
-    opt_d: torch.optim.Optimizer,
-    real: Tensor,
-    fake: Tensor,
-    corners: Tensor,
-    cfg: TrainConfig,
-    autocast: contextlib.AbstractContextManager,
-) -> dict[str, Tensor]:
-    """D on real and on ``fake`` (already detached); one D optimizer step.
-
-    Returns D's loss and its mean sigmoid output on real (``d_real``) and on fake
-    (``d_fake``), the balance a GAN's health shows in (0-d tensors)."""
-    opt_d.zero_grad(set_to_none=True)
-    with autocast:
-        real_logits, fake_logits = nets.run_pair(
-            crop_local(real, corners, cfg.local_size), real, crop_local(fake, corners, cfg.local_size), fake
-        )
-        loss_d = discriminator_loss(real_logits.float(), fake_logits.float(), cfg.alpha)
-    loss_d.backward()
-    opt_d.step()
-    return {
-        "loss_d": loss_d.detach(),
-        "d_real": torch.sigmoid(real_logits.detach().float()).mean(),
-        "d_fake": torch.sigmoid(fake_logits.detach().float()).mean(),
-    }
-
-
-def generator_step(
-    nets: Networks,
-    opt_g: torch.optim.Optimizer,
-    real: Tensor,
-    fake: Tensor,
-    mask: Tensor,
-    corners: Tensor,
-    cfg: TrainConfig,
-    autocast: contextlib.AbstractContextManager,
-    adversarial: bool,
-) -> tuple[Tensor, Tensor]:
-    """Reconstruction loss in the hole (+ adversarial loss from a fresh D pass on
-    the non-detached ``fake``, D frozen); one G optimizer step."""
-    opt_g.zero_grad(set_to_none=True)
-    loss_rec = hole_mse(fake.float(), real, mask)
-    loss_adv = torch.zeros((), device=real.device)
-    if adversarial:
-        set_requires_grad(nets.discriminator, False)  # G's loss must not touch D's parameters
-        try:
-            with autocast:  # the raw D, not DDP: D is not updated here, so nothing to sync
-                logits = nets.discriminator(crop_local(fake, corners, cfg.local_size), fake)
-            loss_adv = generator_adversarial_loss(logits.float(), cfg.alpha)
-        finally:
-            set_requires_grad(nets.discriminator, True)
-    loss_g = cfg.recon_weight * loss_rec + loss_adv
-    loss_g.backward()
-    opt_g.step()
-    return loss_rec.detach(), loss_adv.detach()
-
-
-def train_step(
-    phase: str,
-    nets: Networks,
-    opt_g: torch.optim.Optimizer,
-    opt_d: torch.optim.Optimizer,
-    batch: tuple[Tensor, Tensor, Tensor],
-    cfg: TrainConfig,
-    autocast: contextlib.AbstractContextManager,
-) -> dict[str, Tensor]:
-    """One step of ``phase`` ("g", "d" or "joint"); returns the losses and, where D ran,
-    ``d_real`` / ``d_fake`` (0-d tensors)."""
-    real, mask, corners = batch
-    if phase == "d":
-        with torch.no_grad(), autocast:
-            fake = nets.run_generator(real, mask)
-        return discriminator_step(nets, opt_d, real, fake.float(), corners, cfg, autocast)
-    with autocast:
-        fake = nets.run_generator(real, mask)
-    losses = {}
-    if phase == "joint":
-        losses.update(discriminator_step(nets, opt_d, real, fake.detach().float(), corners, cfg, autocast))
-    rec, adv = generator_step(nets, opt_g, real, fake, mask, corners, cfg, autocast, adversarial=phase == "joint")
-    losses["loss_rec"] = rec
-    if phase == "joint":
-        losses["loss_adv"] = adv
-    return losses
-
-
-# --------------------------------------------------------------------------------- set-up
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(
-            "--device cuda was requested but torch sees no CUDA device (torch.cuda.is_available() is False)"
-        )
-    return torch.device(name)
-
-
-def amp_supported(device: torch.device) -> bool:
-    """bf16 autocast is worth it on CUDA and on CPUs with native bf16 (AVX512-BF16 / AMX)."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    return device.type == "cpu" and cpu_has_native_bf16()
-
-
-# torch's own CPU probes (private in torch 2.13, hence looked up by name). Not
-# get_cpu_capability(): it says "AVX512" on AVX-512 CPUs without BF16 too.
-_CPU_BF16_PROBES = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-_CPUINFO_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}  # x86 flags; "bf16" is the Arm feature
-CPUINFO = Path("/proc/cpuinfo")
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU does bf16 arithmetic in hardware (AVX512-BF16, AMX or Arm BF16)."""
-    probes = [getattr(torch.cpu, name, None) for name in _CPU_BF16_PROBES]
-    if any(probe is not None and probe() for probe in probes):
-        return True
-    try:  # Arm, or a torch without the probes
-        words = CPUINFO.read_text(encoding="utf-8", errors="replace").split()
-    except OSError:
-        return False
-    return not _CPUINFO_BF16_FLAGS.isdisjoint(words)
-
-
-def autocast_for(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
-    if not enabled:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16)
-
-
-def build_networks(
-    model_cfg: ModelConfig, cfg: TrainConfig, device: torch.device, dist: DistributedContext
-) -> Networks:
-    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-    generator, discriminator = CompletionNetwork(model_cfg), ContextDiscriminator(model_cfg)
-    if cfg.sync_bn and dist.enabled:
-        if not sync_batchnorm_supported(device):
-            raise InputError(
-                f"--sync-bn needs GPUs: torch's SyncBatchNorm does not run on {device.type} tensors; "
-                "drop --sync-bn (each process then normalizes with its own batch statistics)"
-            )
-        generator = nn.SyncBatchNorm.convert_sync_batchnorm(generator)
-        discriminator = nn.SyncBatchNorm.convert_sync_batchnorm(discriminator)
-    memory_format = torch.channels_last if use_channels_last(cfg, device) else torch.contiguous_format
-    generator.to(device=device, memory_format=memory_format)  # type: ignore[call-overload]
-    discriminator.to(device=device, memory_format=memory_format)  # type: ignore[call-overload]
-    run_generator, run_pair = dist.wrap(generator), dist.wrap(DiscriminatorPair(discriminator))
-    if cfg.compile:
-        run_generator, run_pair = torch.compile(run_generator), torch.compile(run_pair)  # type: ignore[assignment]
-    return Networks(generator, discriminator, run_generator, run_pair)
-
-
-def use_channels_last(cfg: TrainConfig, device: torch.device) -> bool:
-    return cfg.channels_last if cfg.channels_last is not None else device.type == "cuda"
-
-
-def use_amp(cfg: TrainConfig, device: torch.device) -> bool:
-    """bf16 autocast: as chosen, else on for CUDA only (the CPU keeps fp32 unless asked)."""
-    return cfg.amp if cfg.amp is not None else device.type == "cuda"
-
-
-def build_optimizers(nets: Networks, cfg: TrainConfig) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:
-    opt_g = torch.optim.Adam(nets.generator.parameters(), lr=cfg.lr, betas=cfg.betas)
-    opt_d = torch.optim.Adam(nets.discriminator.parameters(), lr=cfg.lr_d or cfg.lr, betas=cfg.betas)
-    return opt_g, opt_d
-
-
-def rng_state() -> dict[str, Any]:
-    """Global RNG states as plain containers and tensors (weights_only-loadable)."""
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
-    numpy_state = {
-        "name": name,
-        "keys": torch.from_numpy(keys.astype(np.int64)),  # type: ignore[attr-defined]
-        "pos": int(pos),
-        "has_gauss": int(has_gauss),
-        "gauss": float(gauss),
-    }
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy_state}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(_as_tuple(state["python"]))
-    n = state["numpy"]
-    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
-    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _as_tuple(value: Any) -> Any:
-    return tuple(_as_tuple(v) for v in value) if isinstance(value, list) else value
-
+__all__ = [  # the step and build functions stay importable from here
+    "PHASE_NAMES",
+    "DiscriminatorPair",
+    "Networks",
+    "TrainResult",
+    "amp_supported",
+    "autocast_for",
+    "build_networks",
+    "build_optimizers",
+    "cpu_has_native_bf16",
+    "discriminator_step",
+    "generator_step",
+    "hole_mse",
+    "phase_at",
+    "prepare_run",
+    "resolve_device",
+    "set_requires_grad",
+    "train",
+    "train_step",
+    "use_amp",
+    "use_channels_last",
+    "validate",
+]
 
 # ------------------------------------------------------------------------------ the run
 
 
 @dataclass
 class TrainResult:
-    run_dir: Path
+    run_dir: Path | None  # None: stopped before a run folder was kept (nothing was written)
     step: int
     phase: str
     last_checkpoint: Path | None
@@ -311,6 +122,8 @@ class TrainResult:
     history: list[dict[str, Any]] = field(default_factory=list)
     rank: int = 0  # under torchrun, only rank 0 wrote files (and should print)
     stop_signal: int | None = None  # the signal that stopped the run (SIGINT, SIGTERM), if any
+    aborted: bool = False  # a second signal stopped it at once, without writing a checkpoint
+    checkpoint_step: int | None = None  # the step of ``last_checkpoint``
 
     @property
     def exit_code(self) -> int:
@@ -318,60 +131,6 @@ class TrainResult:
         if not self.interrupted:
             return 0
         return 128 + (self.stop_signal or signal.SIGINT)
-
-
-# Stop at the next step boundary with a checkpoint: Ctrl-C, and what SLURM, Kubernetes,
-# `timeout` and torchrun send to end a job.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-# Write a checkpoint at the next step boundary and keep training (POSIX only).
-CHECKPOINT_SIGNAL: signal.Signals | None = getattr(signal, "SIGUSR1", None)
-
-
-class _StopFlag:
-    """Signals set flags the loop checks at step boundaries.
-
-    SIGINT and SIGTERM ask the run to stop (a second one aborts at once);
-    SIGUSR1 asks for a checkpoint now. Under torchrun the launcher forwards the
-    signal it gets (Ctrl-C's SIGINT, a scheduler's SIGTERM) to its workers, which
-    run in their own sessions, and sends SIGKILL 30 s later (--shutdown-timeout).
-    """
-
-    def __init__(self) -> None:
-        self.requested = False
-        self.signum: int | None = None
-        self.checkpoint_requested = False
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[None]:
-        if not threading_main():
-            yield
-            return
-
-        def stop(signum: int, frame: Any) -> None:
-            if self.requested:
-                raise KeyboardInterrupt
-            self.requested, self.signum = True, signum
-
-        def checkpoint_now(signum: int, frame: Any) -> None:
-            self.checkpoint_requested = True
-
-        handlers: dict[signal.Signals, Any] = {sig: stop for sig in STOP_SIGNALS}
-        if CHECKPOINT_SIGNAL is not None:
-            handlers[CHECKPOINT_SIGNAL] = checkpoint_now
-        previous = {sig: signal.getsignal(sig) for sig in handlers}
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-        try:
-            yield
-        finally:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
-
-
-def threading_main() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
 
 
 MODEL_KEYS = ("size", "local_size", "width", "disc_width", "disc_fc")
@@ -386,12 +145,13 @@ def prepare_run(
     exists. ``options`` is a full TrainConfig, or a mapping of explicitly chosen
     options applied on top of the defaults, or on top of the checkpoint's own
     config when resuming (a resumed run keeps its schedule, data and model
-    unless told otherwise).
+    unless told otherwise). A relative ``data`` is made absolute here, so a
+    resume from another folder trains on the same images.
     """
     chosen = check_options(dict(options)) if not isinstance(options, TrainConfig) else None
     state = load_checkpoint(resume) if resume is not None else None
-    if state is not None and ("train_config" not in state or "opt_g" not in state):
-        raise CheckpointError(f"{resume} has no training state (was it exported weights?)")
+    if state is not None:
+        check_training_state(state, resume)  # type: ignore[arg-type]
     if isinstance(options, TrainConfig):
         cfg = options
     else:
@@ -404,6 +164,10 @@ def prepare_run(
             raise InputError(f"--resume: {', '.join(clashes)} differ from the checkpoint's model")
     cfg = adopt_init_model(cfg, chosen, resuming=state is not None)
     cfg.validate()
+    check_utf8_path(cfg.data, "--data")
+    check_utf8_path(cfg.out, "--out")
+    if cfg.data != "synthetic":
+        cfg = cfg.replace(data=str(Path(cfg.data).absolute()))
     step = int(state["step"]) if state is not None else 0
     if step >= cfg.total_steps:
         raise InputError(
@@ -418,23 +182,93 @@ def train(
     resume: str | Path | None = None,
     stop_after: int | None = None,
     progress: bool = True,
+    allow_data_change: bool = False,
+    stop: StopFlag | None = None,
 ) -> TrainResult:
     """Run (or resume) training. ``stop_after`` ends the run early after that step
-    count (checkpointing it), as an interrupted run would."""
-    cfg, state, plan = prepare_run(cfg, resume)
+    count (checkpointing it), as an interrupted run would.
+
+    ``allow_data_change`` lets a resume train on a data folder other than (or
+    changed from) the one its checkpoint recorded. ``stop`` is a
+    :class:`StopFlag` whose handlers are already installed (the CLI installs
+    them before importing torch, so an early Ctrl-C is caught too).
+    """
+    stop = stop or StopFlag()
+    result = TrainResult(None, 0, "g", None)
+    with stop.installed():
+        try:
+            return _run(cfg, resume, stop_after, progress, allow_data_change, stop, result)
+        except AbortNow:
+            result.interrupted = result.aborted = True
+            result.stop_signal = stop.signum
+            return result
+
+
+def _run(
+    cfg_in: TrainConfig | Mapping[str, Any],
+    resume: str | Path | None,
+    stop_after: int | None,
+    progress: bool,
+    allow_data_change: bool,
+    stop: StopFlag,
+    result: TrainResult,
+) -> TrainResult:
+    cfg, state, plan = prepare_run(cfg_in, resume)
     if cfg.tensorboard:
         summary_writer_class()  # a missing extra fails here, before any folder exists
     source = open_source(cfg.data, cfg.seed)  # a bad --data fails before a run folder exists
+    data = data_fingerprint(source, cfg.data)
+    if state is not None:
+        check_data_unchanged(state.get("data"), data, allow_data_change)
     dist = setup_distributed(cfg.device)
-    release = None
+    release, made = None, False
+    existed = plan.folder is not None and plan.folder.exists()  # an empty --out the user made is kept
     try:
         device = dist.device or resolve_device(cfg.device)
         run_dir, release = _claim_on_rank0(plan, dist)
-        return _train(cfg.replace(out=str(run_dir)), state, run_dir, source, device, dist, stop_after, progress)
+        made = plan.new and dist.is_main
+        result.run_dir, result.rank = run_dir, dist.rank
+        _train(
+            cfg.replace(out=str(run_dir)),
+            state,
+            run_dir,
+            source,
+            data,
+            device,
+            dist,
+            stop_after,
+            progress,
+            stop,
+            result,
+        )
+        return result
+    except GantoolError as e:
+        cause = worker_cause(str(e))
+        if cause is None:
+            raise
+        raise type(e)(cause) from None
+    except OSError as e:  # a write no helper wrapped (a full disk under TensorBoard's writer, ...): one line
+        raise InputError(f"cannot write {e.filename or result.run_dir}: {e.strerror or e}") from None
     finally:
         if release is not None:
             release()
+        if made and result.run_dir is not None and remove_untrained_run(result.run_dir, keep_folder=existed):
+            result.run_dir = None  # nothing was trained: the new folder is gone again
         dist.shutdown()
+
+
+def worker_cause(message: str) -> str | None:
+    """The one-line cause inside a DataLoader worker's re-raised error, or None for any other message.
+
+    torch re-raises an error of a worker process in the main one as "Caught X in
+    DataLoader worker process N." followed by the worker's traceback; its last
+    line is "module.X: the message".
+    """
+    if not message.startswith("Caught ") or "DataLoader worker" not in message.split("\n", 1)[0]:
+        return None
+    last = [line for line in message.splitlines() if line.strip()][-1]
+    head, sep, rest = last.partition(": ")
+    return rest if sep and " " not in head else last
 
 
 def _claim_on_rank0(plan: RunPlan, dist: DistributedContext) -> tuple[Path, Any]:
@@ -460,11 +294,14 @@ def _train(
     state: dict[str, Any] | None,
     run_dir: Path,
     source: Any,
+    data: dict[str, Any],
     device: torch.device,
     dist: DistributedContext,
     stop_after: int | None,
     progress: bool,
-) -> TrainResult:
+    stop: StopFlag,
+    result: TrainResult,
+) -> None:
     amp = use_amp(cfg, device)
     if amp and not amp_supported(device) and dist.is_main:
         log.warning("bf16 autocast is not natively supported on this %s; it will be slow", device.type)
@@ -473,6 +310,9 @@ def _train(
     if source.skipped and dist.is_main:
         log.warning("skipped %d unreadable file(s) in %s (first: %s)", len(source.skipped), cfg.data, source.skipped[0])
     held = holdout_count(source, cfg.val_images)
+    train_items = len(source) - held if cfg.data != "synthetic" else len(source)
+    source.train_count = train_items  # a file that fails to decode is replaced by another training image
+    val = validation_batch(source, cfg.val_images, cfg.size, cfg.local_size, cfg.mask, cfg.hole_range(), cfg.seed)
     fill = tuple(state["model_config"]["fill"]) if state else (cfg.fill or estimate_fill(source, cfg.size))
     model_cfg, init = run_model(cfg, fill, state)
 
@@ -480,10 +320,7 @@ def _train(
     opt_g, opt_d = build_optimizers(nets, cfg)
     step = 0
     if state is not None:
-        nets.generator.load_state_dict(state["generator"])
-        nets.discriminator.load_state_dict(state["discriminator"])
-        opt_g.load_state_dict(state["opt_g"])
-        opt_d.load_state_dict(state["opt_d"])
+        load_training_state(state, nets, opt_g, opt_d)
         restore_rng_state(state["rng"])  # rank 0's streams
         step = int(state["step"])
     elif init is not None:
@@ -491,8 +328,6 @@ def _train(
     if dist.rank > 0:
         seed_rank(cfg.seed, dist.rank, step)
 
-    train_items = len(source) - held if cfg.data != "synthetic" else len(source)
-    val = validation_batch(source, cfg.val_images, cfg.size, cfg.local_size, cfg.mask, cfg.hole_range(), cfg.seed)
     val = tuple(t.to(device) for t in val)  # type: ignore[assignment]
     end = min(cfg.total_steps, stop_after) if stop_after is not None else cfg.total_steps
     # Each rank takes its contiguous share of the same step-indexed global batch
@@ -525,10 +360,12 @@ def _train(
 
     autocast = autocast_for(device, amp)
     memory_format = torch.channels_last if use_channels_last(cfg, device) else torch.contiguous_format
-    result = TrainResult(run_dir, step, phase_at(step, cfg), None, rank=dist.rank)
+    result.step, result.phase = step, phase_at(step, cfg)
     last_good = run_dir / CHECKPOINTS_DIR / LAST_CHECKPOINT if state is not None or step else None
+    result.last_checkpoint, result.checkpoint_step = last_good, (step if last_good else None)
     tracker = RunTracker(cfg, run_dir, step, result.phase, enabled=dist.is_main)  # rank 0 writes
     saved_step: int | None = None
+    start_step = step
 
     def checkpoint(at_step: int) -> Path:
         path = run_dir / CHECKPOINTS_DIR / LAST_CHECKPOINT
@@ -544,6 +381,7 @@ def _train(
                 "step": at_step,
                 "phase": phase_at(max(at_step - 1, 0), cfg),
                 "rng": rng_state(),
+                "data": data,
                 "metrics": result.history[-1] if result.history else {},
             },
         )
@@ -554,23 +392,28 @@ def _train(
                 os.link(path, keep)  # same bytes, no second write; last.pt is later replaced by rename
             except OSError:
                 atomic_save(keep, lambda tmp: tmp.write_bytes(path.read_bytes()))
+        result.last_checkpoint, result.checkpoint_step = path, at_step
         tracker.checkpointed(at_step)
         return path
 
-    stop = _StopFlag()
     bar = _progress_bar(progress and dist.is_main, step, end)
     nets.run_generator.train()
     nets.run_pair.train()
     tick, images = time.perf_counter(), 0
-    with stop.installed(), _metrics_writer(run_dir / METRICS_FILE, dist.is_main) as write_metrics, tracker:
+    in_step = False  # True while the networks and optimizers hold part of a step
+    with _metrics_writer(run_dir / METRICS_FILE, dist.is_main) as write_metrics, tracker:
         try:
-            for batch in loader:
+            # A signal during set-up stops here, before the first step (one decision for all ranks).
+            _, stop_now = dist.step_consensus({}, stop.requested)
+            result.interrupted = stop_now
+            for batch in [] if stop_now else loader:
                 phase = phase_at(step, cfg)
                 batch = (
                     batch[0].to(device, non_blocking=True).contiguous(memory_format=memory_format),
                     batch[1].to(device, non_blocking=True).contiguous(memory_format=memory_format),
                     batch[2],
                 )
+                in_step = True
                 losses = train_step(phase, nets, opt_g, opt_d, batch, cfg, autocast)
                 # Under DDP: losses averaged over ranks, and one stop decision for all of them.
                 values, stop_now = dist.step_consensus(losses, stop.requested)
@@ -582,6 +425,8 @@ def _train(
                         f"stopped: {where}. Try a lower --lr{' or no --amp' if amp else ''}."
                     )
                 step += 1
+                in_step = False
+                result.step = step
                 images += batch[0].shape[0] * dist.world_size
                 if step % cfg.log_every == 0 or step == end:
                     elapsed = time.perf_counter() - tick
@@ -613,13 +458,16 @@ def _train(
             result.interrupted = True
         finally:
             bar.close()
-        if result.interrupted and dist.is_main and step > result.step and saved_step != step:
+        # Only a whole step is saved, and never after a second signal (it may have cut a step or a write short).
+        whole_step = not stop.aborted and not in_step
+        if result.interrupted and whole_step and dist.is_main and step > start_step and saved_step != step:
             last_good = checkpoint(step)
+        if stop.aborted:
+            raise AbortNow  # the tracker records "stopped at once"; train() returns the result
         tracker.finish(step, phase_at(max(step - 1, 0), cfg), result.interrupted)
     dist.barrier()  # the others wait until rank 0's last checkpoint is on disk
-    result.step, result.phase, result.last_checkpoint = step, phase_at(max(step - 1, 0), cfg), last_good
+    result.step, result.phase = step, phase_at(max(step - 1, 0), cfg)
     result.stop_signal = stop.signum if result.interrupted else None
-    return result
 
 
 @torch.no_grad()
@@ -659,16 +507,20 @@ def _metrics_writer(path: Path, enabled: bool) -> Iterator[Any]:
         f = path.open("a", encoding="utf-8")
     except OSError as e:
         raise InputError(f"cannot write {path}: {e.strerror or e}") from None
-    with f:
 
-        def write(record: dict[str, Any]) -> None:
-            try:
-                f.write(json.dumps(record) + "\n")
-                f.flush()
-            except OSError as e:  # a full disk ends the run with one line; checkpoints stay intact
-                raise InputError(f"cannot write {path}: {e.strerror or e}") from None
+    def write(record: dict[str, Any]) -> None:
+        try:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+        except OSError as e:  # a full disk ends the run with one line; checkpoints stay intact
+            raise InputError(f"cannot write {path}: {e.strerror or e}") from None
 
+    try:
         yield write
+    finally:
+        # The line a full disk refused is still buffered: write() already reported it.
+        with contextlib.suppress(OSError):
+            f.close()
 
 
 def _progress_bar(enabled: bool, start: int, end: int) -> Any:

@@ -26,9 +26,11 @@ is taken over.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import re
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,9 +39,18 @@ from pathlib import Path
 from typing import Any
 
 from gantool import __version__
-from gantool.core.constants import CHECKPOINTS_DIR, LAST_CHECKPOINT, METRICS_FILE, RUN_CONFIG_FILE, RUN_FILE
+from gantool.core.constants import (
+    CHECKPOINTS_DIR,
+    LAST_CHECKPOINT,
+    METRICS_FILE,
+    RUN_CONFIG_FILE,
+    RUN_FILE,
+    SAMPLES_DIR,
+    STATUS_FILE,
+    TENSORBOARD_DIR,
+)
 from gantool.core.errors import GantoolError, InputError, first_line
-from gantool.core.fileio import atomic_write_text, ensure_writable_dir, pid_alive
+from gantool.core.fileio import TMP_PREFIX, atomic_write_text, ensure_writable_dir, pid_alive
 from gantool.training.checkpoint import load_checkpoint
 
 log = logging.getLogger(__name__)
@@ -47,6 +58,7 @@ log = logging.getLogger(__name__)
 RUN_FORMAT = "gantool-run"
 RUNS_ROOT = Path("runs")
 LOCK_FILE = ".gantool-lock"
+STEP_CHECKPOINT = re.compile(r"step_(\d+)\.pt")
 # Runs made before the run file existed: these three together mark one.
 _LEGACY_MARKS = (CHECKPOINTS_DIR, RUN_CONFIG_FILE, METRICS_FILE)
 
@@ -89,33 +101,138 @@ def plan_run_folder(out: str | None, resume: str | Path | None, state: dict[str,
         return RunPlan(target, True, parent)
     if own is not None:
         return _continue_in(own, Path(resume), state)  # type: ignore[arg-type]
+    _check_not_inside_a_run(RUNS_ROOT / "new")
     return RunPlan(None, True, parent)
+
+
+def _check_not_inside_a_run(target: Path) -> None:
+    outer = enclosing_run(target)
+    if outer is not None:
+        raise InputError(
+            f"{target} would lie inside the run {outer}; a run folder is never made inside another run: "
+            "choose an --out outside it"
+        )
 
 
 def _continue_in(run: Path, resume: Path, state: dict[str, Any] | None) -> RunPlan:
     step = int(state["step"]) if state is not None else 0
-    newest = newest_checkpoint_step(run, resume)
+    newest = newest_run_step(run, resume, step)
     if newest is not None and newest > step:
         raise InputError(
-            f"--resume {resume} is at step {step}, but its run {run} has a newer checkpoint "
+            f"--resume {resume} is at step {step}, but its run {run} has newer state "
             f"(step {newest}); to branch from step {step}, add --out NEW_FOLDER"
         )
     return RunPlan(run, False)
 
 
-def newest_checkpoint_step(run: Path, resume: Path) -> int | None:
-    """The step of ``run``'s last.pt, unless ``resume`` is that file (then it is the newest)."""
-    last = run / CHECKPOINTS_DIR / LAST_CHECKPOINT
-    if not last.is_file() or last.resolve() == resume.resolve():
-        return None
+def newest_run_step(run: Path, resume: Path, step: int) -> int | None:
+    """The newest step ``run`` holds besides ``resume`` (at ``step``): of its last.pt,
+    of any ``step_N.pt`` and, unless ``resume`` is the run's newest checkpoint, of
+    the steps logged in metrics.jsonl.
+
+    Any of them past ``step`` means continuing in place would overwrite newer
+    state, whether or not last.pt is still there. Lines logged past the newest
+    checkpoint itself are what a kill -9 leaves; resuming from it drops them.
+    """
+    steps: list[int] = []
+    folder = run / CHECKPOINTS_DIR
+    last = folder / LAST_CHECKPOINT
+    last_step = None
+    if last.is_file():
+        if last.resolve() == resume.resolve():
+            last_step = step
+        else:
+            try:
+                last_step = int(load_checkpoint(last)["step"])
+            except (GantoolError, TypeError, ValueError) as e:
+                log.warning("cannot read %s (%s); continuing from %s", last, first_line(e), resume)
+    if last_step is not None:
+        steps.append(last_step)
+    with contextlib.suppress(OSError):
+        steps += [int(m.group(1)) for p in folder.iterdir() if (m := STEP_CHECKPOINT.fullmatch(p.name))]
+    logged = last_logged_step(run / METRICS_FILE)
+    if logged is not None and last_step != step:
+        steps.append(logged)
+    return max(steps) if steps else None
+
+
+def last_logged_step(path: Path) -> int | None:
+    """The highest step in a metrics.jsonl (None if there is none or it is unreadable)."""
+    best = None
     try:
-        return int(load_checkpoint(last)["step"])
-    except GantoolError as e:
-        log.warning("cannot read %s (%s); continuing from %s", last, first_line(e), resume)
+        with path.open(encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    step = json.loads(line).get("step")
+                except (ValueError, AttributeError):
+                    continue
+                if isinstance(step, int) and not isinstance(step, bool):
+                    best = step if best is None else max(best, step)
+    except OSError:
         return None
+    return best
+
+
+def enclosing_run(target: Path) -> Path | None:
+    """The run folder ``target`` would lie inside (itself excluded), at any depth, or None."""
+    for folder in Path(os.path.abspath(target)).parents:
+        try:
+            if is_run_folder(folder):
+                return folder
+        except OSError:
+            continue
+    return None
+
+
+def check_utf8_path(value: str | None, flag: str) -> None:
+    """Refuse a path gantool could not write into its UTF-8 files (config.toml, status.json)."""
+    if value is None:
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        raise InputError(
+            f"{flag} {shown!r} is not valid UTF-8 (a name in another encoding, such as Latin-1); "
+            "gantool records paths in UTF-8 files: rename it"
+        ) from None
+
+
+# What a run folder holds that gantool wrote (removed again when nothing was trained).
+_RUN_FILES = (RUN_FILE, LOCK_FILE, RUN_CONFIG_FILE, METRICS_FILE, STATUS_FILE)
+_RUN_SUBFOLDERS = (CHECKPOINTS_DIR, SAMPLES_DIR, TENSORBOARD_DIR)
+
+
+def remove_untrained_run(folder: Path, keep_folder: bool = False) -> bool:
+    """Remove a run folder this process made when it holds no checkpoint and no logged step.
+
+    A refusal or an interrupt before the first step then leaves nothing behind.
+    Only gantool's own files are removed; anything else keeps the folder. Returns
+    whether the folder was emptied.
+    """
+    try:
+        if any((folder / CHECKPOINTS_DIR).glob("*.pt")) or last_logged_step(folder / METRICS_FILE) is not None:
+            return False
+        for sub in _RUN_SUBFOLDERS:
+            if (folder / sub).is_dir():
+                for entry in (folder / sub).iterdir():
+                    if entry.is_file() and (sub == TENSORBOARD_DIR or entry.name.startswith(TMP_PREFIX)):
+                        entry.unlink()
+                (folder / sub).rmdir()
+        for name in _RUN_FILES:
+            (folder / name).unlink(missing_ok=True)
+        for entry in folder.iterdir():
+            if entry.name.startswith(TMP_PREFIX):
+                entry.unlink()
+        if not keep_folder:
+            folder.rmdir()
+    except OSError:
+        return False
+    return True
 
 
 def _check_new_folder(target: Path) -> None:
+    _check_not_inside_a_run(target)
     if not target.exists():
         return
     if not target.is_dir():

@@ -106,8 +106,12 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
             except (ValueError, KeyError, TypeError):
                 skipped += 1
                 continue
+            if not isinstance(record, dict):
+                skipped += 1
+                continue
             if "val_psnr" in record:
-                validation[step] = record
+                if _is_number(record["val_psnr"]):  # a null or hand-edited value is not a measurement
+                    validation[step] = record
             else:
                 train.pop(step, None)  # re-inserted last, so "last logged" stays last
                 train[step] = record
@@ -119,6 +123,15 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
         [validation[s] for s in sorted(validation) if limit is None or s <= limit],
         skipped,
     )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def _num(value: Any) -> float:
+    """A number to format (NaN for a missing, null or non-numeric value)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else float("nan")
 
 
 def process_alive(pid: int, host: str | None) -> bool | None:
@@ -160,11 +173,14 @@ def _read_into(info: RunInfo) -> None:
     if (path / METRICS_FILE).is_file():
         info.train, info.validation, info.skipped_lines = read_metrics(path / METRICS_FILE)
     if info.train:
-        info.step, info.phase = int(info.train[-1]["step"]), str(info.train[-1]["phase"])
+        phase = info.train[-1].get("phase")
+        info.step, info.phase = int(info.train[-1]["step"]), (str(phase) if phase is not None else None)
     if info.validation:
         info.val_psnr = float(info.validation[-1]["val_psnr"])
     info.checkpoint, info.checkpoint_step = newest_checkpoint(path / CHECKPOINTS_DIR)
 
+    if info.checkpoint_step is not None and (info.step is None or info.checkpoint_step > info.step):
+        info.step = info.checkpoint_step
     status = read_status(path)
     if status is None:
         if info.total_steps is not None and info.step is not None and info.step >= info.total_steps:
@@ -176,6 +192,8 @@ def _read_into(info: RunInfo) -> None:
     info.total_steps = int(status.get("total_steps") or info.total_steps or 0) or info.total_steps
     if status.get("checkpoint_step") is not None:
         info.checkpoint_step = int(status["checkpoint_step"])
+    if info.checkpoint_step is not None and (info.step is None or info.checkpoint_step > info.step):
+        info.step = info.checkpoint_step  # the run got at least as far as its checkpoint
     if info.status == RUNNING and process_alive(int(status.get("pid") or 0), status.get("host")) is False:
         info.status, info.reason = KILLED, None
         info.message = f"status.json says running, but process {status.get('pid')} is gone"
@@ -274,14 +292,14 @@ def run_report(info: RunInfo) -> str:
         lines.append(f"schedule:    {schedule}")
     if info.train:
         last = info.train[-1]
-        values = "  ".join(f"{k}={last[k]:.4g}" for k in (*LOSS_KEYS, *D_KEYS) if k in last)
+        values = "  ".join(f"{k}={_num(last[k]):.4g}" for k in (*LOSS_KEYS, *D_KEYS) if k in last)
         lines.append(f"last logged: step {last['step']}: {values}")
-        lines.append(f"speed:       {last.get('images_per_s', float('nan')):.1f} images/s")
+        lines.append(f"speed:       {_num(last.get('images_per_s')):.1f} images/s")
     if info.validation:
         last = info.validation[-1]
         lines.append(
             f"validation:  step {last['step']}: PSNR {last['val_psnr']:.2f} dB "
-            f"(hole {last.get('val_psnr_hole', float('nan')):.2f} dB), SSIM {last.get('val_ssim', float('nan')):.3f}"
+            f"(hole {_num(last.get('val_psnr_hole')):.2f} dB), SSIM {_num(last.get('val_ssim')):.3f}"
         )
         best = max(info.validation, key=lambda r: r["val_psnr"])
         lines.append(f"best PSNR:   {best['val_psnr']:.2f} dB at step {best['step']}")
@@ -345,8 +363,20 @@ def plot_run(info: RunInfo, path: str | Path | None = None, overwrite: bool = Fa
     ax_val.set_xlabel("step")
     fig.suptitle(f"{info.name}: {info.label}, step {_step_text(info)}", fontsize=11)
     if path is not None:
-        atomic_save(path, lambda tmp: fig.savefig(tmp, format="png"), overwrite=overwrite)
+        kind = plot_format(path)
+        atomic_save(path, lambda tmp: fig.savefig(tmp, format=kind), overwrite=overwrite)
     return fig
+
+
+PLOT_FORMATS = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".svg": "svg", ".pdf": "pdf"}
+
+
+def plot_format(path: str | Path) -> str:
+    """The image format a --plot path's suffix names (its bytes must match its name)."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in PLOT_FORMATS:
+        raise InputError(f"--plot {path}: the name must end in one of {', '.join(PLOT_FORMATS)}")
+    return PLOT_FORMATS[suffix]
 
 
 def _mark_phases(ax: Any, info: RunInfo) -> None:

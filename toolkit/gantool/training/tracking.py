@@ -97,7 +97,25 @@ def write_status(
         "host": socket.gethostname(),
         "updated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-    atomic_write_text(run_dir / STATUS_FILE, json.dumps(record, indent=1) + "\n")
+    text = json.dumps(record, indent=1) + "\n"
+    try:
+        atomic_write_text(run_dir / STATUS_FILE, text)
+    except InputError:
+        # A full disk has no room for the temp file; the old record's blocks can
+        # still hold the new one (a reader may then see it half-written, which
+        # `gantool runs` reports as broken rather than as a stale "running").
+        if not _overwrite_in_place(run_dir / STATUS_FILE, text):
+            raise
+
+
+def _overwrite_in_place(path: Path, text: str) -> bool:
+    try:
+        with path.open("r+", encoding="utf-8") as f:
+            f.write(text)
+            f.truncate()
+    except OSError:
+        return False
+    return True
 
 
 class DiscriminatorHealth:
@@ -176,14 +194,25 @@ class RunTracker:
         try:
             if self.enabled and exc is not None and not self.finished:
                 if isinstance(exc, KeyboardInterrupt):
-                    self._status(STOPPED, BY_SIGNAL)
+                    message = "a second signal stopped it at once, without writing a checkpoint"
+                    self._status(STOPPED, BY_SIGNAL, message)
                 else:
                     reason = NON_FINITE if isinstance(exc, TrainingError) else ERROR
                     self._status(FAILED, reason, first_line(exc))
+        except (InputError, OSError) as e:
+            if exc is None:
+                raise
+            log.warning("could not record the run's end in %s: %s", STATUS_FILE, first_line(e))
         finally:
             if self.writer is not None:
-                self.writer.close()
-                self.writer = None
+                writer, self.writer = self.writer, None
+                try:
+                    writer.close()
+                except OSError as e:  # a full disk: the event file keeps what was flushed
+                    if exc is None:
+                        raise InputError(
+                            f"cannot write TensorBoard logs in {self.run_dir / TENSORBOARD_DIR}: {e.strerror or e}"
+                        ) from None
 
     # -------------------------------------------------------------- hooks the loop calls
 

@@ -1,0 +1,501 @@
+"""Training faults, round two (#22): second signals, older checkpoints, moved data, full disks,
+runs inside runs, foreign checkpoints and the leftovers of refused or interrupted starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import gantool.training.loop as loop_module
+from gantool.cli import cli
+from gantool.core.config import read_toml
+from gantool.core.errors import GantoolError, InputError
+from gantool.training.checkpoint import load_checkpoint
+from gantool.training.loop import train
+from tiny import tiny_train_config
+
+TINY_ARGS = ["--size", "32", "--local-size", "16", "--width", "4", "--disc-width", "2", "--disc-fc", "8",
+             "--batch-size", "4", "--workers", "0", "--quiet"]
+
+
+def run_cli(*args: str):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def one_line(result, fragment: str) -> str:
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and fragment.lower() in lines[0].lower(), result.output
+    return lines[0]
+
+
+def same_weights(a: dict, b: dict) -> None:
+    for name in ("generator", "discriminator"):
+        for key, tensor in a[name].items():
+            assert torch.equal(tensor, b[name][key]), f"{name}.{key} differs"
+
+
+def signal_during_step(monkeypatch, at_call: int, count: int) -> None:
+    """Send ``count`` SIGINTs to this process right after the ``at_call``-th train_step
+    has updated the networks, before the loop counts the step as done."""
+    real = loop_module.train_step
+    calls = {"n": 0}
+
+    def stepped(*args, **kwargs):
+        out = real(*args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == at_call:
+            for _ in range(count):
+                os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(loop_module, "train_step", stepped)
+
+
+# ------------------------------------------------------------------ 1. a second signal
+
+
+def test_a_second_signal_mid_step_saves_nothing_and_the_last_checkpoint_resumes_exactly(tmp_path, monkeypatch):
+    cfg = tiny_train_config(checkpoint_every=4, sample_every=100, keep_checkpoints=False)
+    straight = train(cfg.replace(out=str(tmp_path / "a")), progress=False)
+    signal_during_step(monkeypatch, at_call=6, count=2)  # D and G of step 6 updated, step not finished
+    cut = train(cfg.replace(out=str(tmp_path / "b")), progress=False)
+    monkeypatch.undo()
+    assert cut.interrupted and cut.aborted and cut.exit_code == 130
+    assert cut.checkpoint_step == 4 and cut.last_checkpoint == (tmp_path / "b").resolve() / "checkpoints" / "last.pt"
+    assert load_checkpoint(cut.last_checkpoint)["step"] == 4  # not a "step 5" holding half of step 6
+    status = json.loads((tmp_path / "b" / "status.json").read_text())
+    assert status["state"] == "stopped" and "second signal" in status["message"]
+    resumed = train({}, resume=cut.last_checkpoint, progress=False)
+    assert resumed.step == 8
+    same_weights(load_checkpoint(straight.last_checkpoint), load_checkpoint(resumed.last_checkpoint))
+
+
+def test_one_signal_mid_step_still_finishes_the_step_and_saves_it(tmp_path, monkeypatch):
+    cfg = tiny_train_config(checkpoint_every=100, sample_every=100, keep_checkpoints=False)
+    signal_during_step(monkeypatch, at_call=3, count=1)
+    result = train(cfg.replace(out=str(tmp_path / "run")), progress=False)
+    assert result.interrupted and not result.aborted and result.step == 3
+    assert load_checkpoint(result.last_checkpoint)["step"] == 3
+
+
+def test_a_second_signal_during_the_final_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    signal_during_step(monkeypatch, at_call=6, count=1)  # the first: stop after step 6 with a checkpoint
+    real_save = torch.save
+
+    def save_then_second_signal(obj, f, *args, **kwargs):
+        if obj.get("step") == 6:
+            f.write(b"PK\x03\x04 the first bytes of the archive")
+            os.kill(os.getpid(), signal.SIGINT)  # the second, mid-write
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save_then_second_signal)
+    result = run_cli("train", "--out", str(out), *TINY_ARGS, "--steps-g", "8", "--steps-d", "0", "--steps-joint",
+                     "0", "--checkpoint-every", "4", "--sample-every", "100", "--no-keep-checkpoints")
+    monkeypatch.undo()
+    assert result.exit_code == 130, result.output
+    assert "Traceback" not in result.output and "enforce fail" not in result.output
+    assert "stopped at once by a second SIGINT" in result.output and "(step 4)" in result.output
+    assert load_checkpoint(out / "checkpoints" / "last.pt")["step"] == 4
+    assert not [p for p in (out / "checkpoints").iterdir() if p.name != "last.pt"]
+
+
+def test_the_checkpoint_writer_keeps_the_cause_torch_would_hide(tmp_path, monkeypatch):
+    """torch's C++ writer turns an exception raised by f.write into "unexpected pos"."""
+    import errno
+
+    from gantool.training.checkpoint import save_checkpoint
+
+    save_checkpoint(tmp_path / "last.pt", {"step": 1, "weights": torch.zeros(4)})
+    before = (tmp_path / "last.pt").read_bytes()
+    real_open = Path.open
+
+    class FullDiskFile:
+        def __init__(self, f):
+            self.f, self.written = f, 0
+
+        def write(self, data):
+            self.written += len(data)
+            if self.written > 200:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.f.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    def open_full(self, mode="r", *args, **kwargs):
+        f = real_open(self, mode, *args, **kwargs)
+        return FullDiskFile(f) if mode == "wb" and self.name.startswith(".gantool-tmp-") else f
+
+    monkeypatch.setattr(Path, "open", open_full)
+    with pytest.raises(GantoolError) as info:
+        save_checkpoint(tmp_path / "last.pt", {"step": 2, "weights": torch.zeros(10000)})
+    monkeypatch.undo()
+    assert "No space left on device" in str(info.value) and "last.pt" in str(info.value)
+    assert "enforce fail" not in str(info.value)
+    assert (tmp_path / "last.pt").read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+def _wait_for_steps(proc, metrics: Path, count: int, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1]
+        if metrics.exists() and sum('"images_per_s"' in line for line in metrics.read_text().splitlines()) >= count:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the run did not get going")
+
+
+def subprocess_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "toolkit") + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gap", [0.0, 0.02, 0.15, 0.6])
+def test_sigint_twice_at_several_gaps_leaves_a_checkpoint_that_resumes_bitwise(tmp_path, gap):
+    out = tmp_path / "run"
+    schedule = ["--steps-g", "6", "--steps-d", "6", "--steps-joint", "400"]
+    common = [*TINY_ARGS, *schedule, "--log-every", "1", "--checkpoint-every", "3", "--sample-every", "100000",
+              "--no-keep-checkpoints"]
+    proc = subprocess.Popen([sys.executable, "-m", "gantool", "train", "--out", str(out), *common],
+                            env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_steps(proc, out / "metrics.jsonl", 14)  # into the joint phase: D and G both step
+    proc.send_signal(signal.SIGINT)
+    time.sleep(gap)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=180)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "enforce fail" not in stderr
+    state = load_checkpoint(out / "checkpoints" / "last.pt")
+    at = state["step"]
+    # An uninterrupted run to the same step, then one more step from each: bitwise equal.
+    cfg = {"steps_g": 6, "steps_d": 6, "steps_joint": at + 1 - 12, "checkpoint_every": 100000,
+           "sample_every": 100000, "keep_checkpoints": False}
+    ref = train(tiny_train_config(out=str(tmp_path / "ref"), **cfg), progress=False)
+    resumed = train({"steps_joint": at + 1 - 12}, resume=out / "checkpoints" / "last.pt", progress=False)
+    assert resumed.step == ref.step == at + 1
+    same_weights(load_checkpoint(ref.last_checkpoint), load_checkpoint(resumed.last_checkpoint))
+
+
+# ------------------------------------------------------------ 2. the run's newest state
+
+
+def test_an_older_checkpoint_is_refused_in_place_even_without_last_pt(tmp_path):
+    cfg = tiny_train_config(steps_g=2, steps_d=2, steps_joint=4, checkpoint_every=2, sample_every=100)
+    run = train(cfg.replace(out=str(tmp_path / "a")), progress=False).run_dir
+    (run / "checkpoints" / "last.pt").unlink()
+    before = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
+    metrics = (run / "metrics.jsonl").read_text()
+    result = run_cli("train", "--resume", str(run / "checkpoints" / "step_4.pt"), "--lr", "0.01", "--quiet")
+    one_line(result, "newer state (step 8)")
+    assert {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()} == before
+    assert (run / "metrics.jsonl").read_text() == metrics
+    # metrics.jsonl alone protects it too (every checkpoint past step 4 deleted)
+    for name in ("step_6.pt", "step_8.pt"):
+        (run / "checkpoints" / name).unlink()
+    one_line(run_cli("train", "--resume", str(run / "checkpoints" / "step_4.pt"), "--quiet"), "newer state (step 8)")
+    assert (run / "metrics.jsonl").read_text() == metrics
+
+
+# --------------------------------------------------------------------- 3. the data
+
+
+def _image_folder(folder: Path, count: int = 6) -> Path:
+    from PIL import Image
+
+    folder.mkdir(parents=True)
+    for i in range(count):
+        Image.new("RGB", (40, 40), (30 * i, 90, 200 - 20 * i)).save(folder / f"img{i}.png")
+    return folder
+
+
+def test_relative_data_is_recorded_absolute_and_resume_elsewhere_trains_on_it(tmp_path, monkeypatch):
+    project_a, project_b = tmp_path / "a", tmp_path / "b"
+    _image_folder(project_a / "data")
+    _image_folder(project_b / "data", count=7)
+    monkeypatch.chdir(project_a)
+    half = train(tiny_train_config(data="data", out="run", steps_g=4, steps_d=0, steps_joint=0, val_images=1),
+                 stop_after=2, progress=False)
+    assert read_toml(half.run_dir / "config.toml")["data"] == str(project_a / "data")
+    monkeypatch.chdir(project_b)
+    assert train({}, resume=half.last_checkpoint, progress=False).step == 4  # still project A's images
+    assert json.loads((project_a / "run" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 4
+
+
+def test_resume_on_changed_or_other_data_is_refused_unless_allowed(tmp_path):
+    data = _image_folder(tmp_path / "data")
+    cfg = tiny_train_config(data=str(data), out=str(tmp_path / "run"), steps_g=6, steps_d=0, steps_joint=0,
+                            val_images=1, checkpoint_every=2)
+    half = train(cfg, stop_after=2, progress=False)
+    last = str(half.last_checkpoint)
+    from PIL import Image
+
+    Image.new("RGB", (40, 40), (1, 2, 3)).save(data / "new.png")
+    line = one_line(run_cli("train", "--resume", last, "--quiet"), "data differs")
+    assert "6 -> 7 image files" in line and "--allow-data-change" in line
+    other = _image_folder(tmp_path / "other")
+    line = one_line(run_cli("train", "--resume", last, "--data", str(other), "--quiet"), "data differs")
+    assert str(other) in line
+    result = run_cli("train", "--resume", last, "--data", str(other), "--allow-data-change", "--quiet")
+    assert result.exit_code == 0, result.output
+    assert read_toml(half.run_dir / "config.toml")["data"] == str(other)
+
+
+# ------------------------------------------------------------------ 4. full disks
+
+
+def _mount_small_disk(where: Path, size: str) -> bool:
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        return False
+    where.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True)
+    return done.returncode == 0
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 1 MiB file system (tmpfs): ENOSPC from the kernel, not a patched call."""
+    where = tmp_path / "disk"
+    if not _mount_small_disk(where, "1m"):
+        pytest.skip("needs root and tmpfs to make a small real disk")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@pytest.mark.parametrize("headroom_kb", [40, 120, 260])
+def test_a_disk_that_fills_during_training_ends_in_one_line_and_keeps_the_last_checkpoint(small_disk, headroom_kb):
+    out = small_disk / "run"
+    args = [*TINY_ARGS, "--steps-g", "4000", "--steps-d", "0", "--steps-joint", "0", "--log-every", "1",
+            "--checkpoint-every", "3", "--sample-every", "1", "--keep-checkpoints"]
+    free = shutil.disk_usage(small_disk).free
+    (small_disk / "filler").write_bytes(b"\0" * (free - headroom_kb * 1024))
+    result = run_cli("train", "--out", str(out), *args)
+    line = one_line(result, "no space left on device")
+    assert str(out) in line or "run" in line
+    if (out / "checkpoints" / "last.pt").exists():
+        (small_disk / "filler").unlink()
+        assert load_checkpoint(out / "checkpoints" / "last.pt")["step"] % 3 == 0
+    status = json.loads((out / "status.json").read_text())
+    assert status["state"] == "failed", status
+    assert "space" in status["message"].lower()
+
+
+# --------------------------------------------------------------- 6. runs inside runs
+
+
+@pytest.mark.parametrize("inside", ["sub", "checkpoints/child", "samples/a/b/c"])
+def test_a_run_is_never_made_inside_another_run(tmp_path, inside, monkeypatch):
+    parent = train(tiny_train_config(out=str(tmp_path / "parent"), steps_g=1, steps_d=0, steps_joint=0),
+                   progress=False).run_dir
+    before = sorted(str(p) for p in parent.rglob("*"))
+    one_line(run_cli("train", "--out", str(parent / inside), *TINY_ARGS), "inside the run")
+    monkeypatch.chdir(parent / "checkpoints")  # a default runs/<timestamp> there would be inside it too
+    one_line(run_cli("train", *TINY_ARGS), "inside the run")
+    assert sorted(str(p) for p in parent.rglob("*")) == before
+
+
+# ------------------------------------------- 7. foreign checkpoints, names, leftovers
+
+
+def _edited(tmp_path: Path, edit) -> Path:
+    run = train(tiny_train_config(out=str(tmp_path / "src"), steps_g=2, steps_d=0, steps_joint=2,
+                                  checkpoint_every=2), progress=False)
+    state = torch.load(run.last_checkpoint, weights_only=True)
+    edit(state)
+    path = tmp_path / "edited.pt"
+    torch.save(state, path)
+    return path
+
+
+def _wider(state: dict) -> None:
+    from gantool.nn.networks import ContextDiscriminator
+    from gantool.training.checkpoint import model_config_of
+
+    cfg = model_config_of(state)
+    state["discriminator"] = ContextDiscriminator(type(cfg)(**{**cfg.to_dict(), "disc_width": 3})).state_dict()
+
+
+def _other_adam(state: dict) -> None:
+    state["opt_d"]["state"][0]["exp_avg"] = torch.zeros(7)
+
+
+@pytest.mark.parametrize(
+    "edit, fragment",
+    [
+        (lambda s: s.update(step="x"), "its step is 'x'"),
+        (lambda s: s.update(step=-3), "its step is -3"),
+        (lambda s: s.pop("rng"), "no rng"),
+        (lambda s: s.pop("discriminator"), "no discriminator"),
+        (lambda s: s["rng"].update(torch=torch.zeros(3)), "rng state is not valid"),
+        (_wider, "discriminator does not fit"),
+        (_other_adam, "opt_d does not fit"),
+    ],
+    ids=["step-x", "negative-step", "no-rng", "no-discriminator", "bad-rng", "other-width", "other-adam"],
+)
+def test_a_hand_edited_or_foreign_checkpoint_is_one_line_and_leaves_no_folder(tmp_path, monkeypatch, edit, fragment):
+    path = _edited(tmp_path, edit)
+    monkeypatch.chdir(tmp_path)
+    result = run_cli("train", "--resume", str(path), "--steps-joint", "4", "--quiet")
+    one_line(result, fragment)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_a_latin1_data_or_out_name_is_one_line_before_any_folder(tmp_path):
+    latin1 = os.fsdecode(b"caf\xe9")
+    data = _image_folder(tmp_path / latin1)
+    one_line(run_cli("train", "--data", str(data), "--out", str(tmp_path / "run"), *TINY_ARGS), "not valid UTF-8")
+    one_line(run_cli("train", "--out", str(tmp_path / "out" / latin1), *TINY_ARGS), "not valid UTF-8")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([latin1])
+
+
+def test_a_refusal_after_the_folder_was_made_removes_it_again(tmp_path, monkeypatch):
+    """A refusal that can only come once the run folder exists (a bad rng state) leaves nothing."""
+    path = _edited(tmp_path, lambda s: s["rng"].update(torch=torch.zeros(3)))
+    result = run_cli("train", "--resume", str(path), "--out", str(tmp_path / "branch"), "--steps-joint", "4",
+                     "--quiet")
+    one_line(result, "rng state")
+    assert not (tmp_path / "branch").exists()
+    (tmp_path / "empty").mkdir()  # a folder the user made is kept, emptied of what gantool wrote
+    run_cli("train", "--resume", str(path), "--out", str(tmp_path / "empty"), "--steps-joint", "4", "--quiet")
+    assert (tmp_path / "empty").is_dir() and not any((tmp_path / "empty").iterdir())
+
+
+def test_a_stop_signal_during_setup_stops_before_the_first_step_and_leaves_no_folder(tmp_path, monkeypatch):
+    real = loop_module.validation_batch
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # as during the first seconds, before any step
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop_module, "validation_batch", signalled)
+    result = run_cli("train", "--out", str(tmp_path / "run"), *TINY_ARGS)
+    assert result.exit_code == 143, result.output
+    assert "before the first step" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_the_first_second_exits_130_and_leaves_no_folder(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "gantool", "train", "--out", str(out), *TINY_ARGS],
+                            env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Aborted" not in stderr and "Traceback" not in stderr
+    assert not out.exists()
+
+
+def test_output_into_a_closed_pipe_still_exits_0(tmp_path):
+    out = tmp_path / "run"
+    cmd = (f"{sys.executable} -m gantool train --out {out} {' '.join(TINY_ARGS)} --steps-g 1 --steps-d 0 "
+           "--steps-joint 0 | true")
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], env=subprocess_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "done: step 1" in done.stderr and "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
+
+
+def test_a_vanishing_image_with_workers_is_one_line(tmp_path, monkeypatch):
+    data = _image_folder(tmp_path / "data", count=5)
+    from gantool.training import data as data_module
+
+    real_init = data_module.ImageFolderSource.__init__
+
+    def then_vanish(self, root):
+        real_init(self, root)
+        for p in self.paths[:-1]:  # every training image is gone once training starts
+            p.unlink()
+
+    monkeypatch.setattr(data_module.ImageFolderSource, "__init__", then_vanish)
+    monkeypatch.setattr(data_module, "estimate_fill", lambda *a: (0.5, 0.5, 0.5))
+    args = [a for a in TINY_ARGS if a not in ("--workers", "0")]
+    result = run_cli("train", "--data", str(data), "--out", str(tmp_path / "run"), *args, "--workers", "2",
+                     "--val-images", "1", "--fill", "0.5", "0.5", "0.5")
+    line = one_line(result, "could be decoded")
+    assert "DataLoader worker" not in line and "Original Traceback" not in result.output
+
+
+def test_a_truncated_jpeg_is_warned_about_once_and_a_held_out_one_is_not_replaced(tmp_path, caplog):
+    from PIL import Image
+
+    from gantool.training.data import ImageFolderSource, validation_batch
+
+    data = _image_folder(tmp_path / "data", count=9)
+    Image.new("RGB", (64, 64), (9, 9, 9)).save(data / "img2.jpg", quality=95)
+    raw = (data / "img2.jpg").read_bytes()
+    (data / "img2.jpg").write_bytes(raw[: len(raw) * 2 // 3])  # passes verify(), fails to decode
+    Image.new("RGB", (64, 64), (9, 9, 9)).save(data / "zz.jpg", quality=95)
+    raw = (data / "zz.jpg").read_bytes()
+    (data / "zz.jpg").write_bytes(raw[: len(raw) * 2 // 3])  # the last file: held out
+    train(tiny_train_config(data=str(data), out=str(tmp_path / "run"), steps_g=30, steps_d=0, steps_joint=0,
+                            val_images=2, sample_every=100, checkpoint_every=100), progress=False)
+    warned = [r for r in caplog.records if "img2.jpg" in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in warned]
+    source = ImageFolderSource(data)
+    real, _, _ = validation_batch(source, 2, 32, 16, "box", None, 0)
+    assert real.shape[0] == 1  # zz.jpg is left out, not replaced by a training image
+
+
+def test_a_float_tiff_with_nan_pixels_is_skipped_with_a_warning(tmp_path, caplog):
+    import numpy as np
+    from PIL import Image
+
+    data = _image_folder(tmp_path / "data", count=5)
+    pixels = np.full((40, 40), np.nan, np.float32)
+    Image.fromarray(pixels, mode="F").save(data / "img0_nan.tif")
+    result = train(tiny_train_config(data=str(data), out=str(tmp_path / "run"), steps_g=6, steps_d=0,
+                                     steps_joint=0, val_images=1), progress=False)
+    assert result.step == 6
+    assert any("NaN" in r.getMessage() and "img0_nan.tif" in r.getMessage() for r in caplog.records)
+
+
+def test_a_toml_file_with_a_utf8_bom_is_read(tmp_path):
+    path = tmp_path / "train.toml"
+    path.write_bytes(b"\xef\xbb\xbfsteps_g = 3\n")
+    assert read_toml(path) == {"steps_g": 3}
+
+
+def test_runs_shows_the_checkpoint_step_missing_phases_null_psnr_and_plots_jpeg(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.toml").write_text("steps_g = 4\nsteps_d = 2\nsteps_joint = 2\n")
+    (run / "metrics.jsonl").write_text(
+        json.dumps({"step": 1, "loss_rec": 0.5, "images_per_s": 3.0}) + "\n"
+        + json.dumps({"step": 1, "val_psnr": None, "val_psnr_hole": None}) + "\n"
+    )
+    (run / "status.json").write_text(json.dumps({"state": "stopped", "reason": "signal", "step": 0,
+                                                 "total_steps": 8, "phase": "g", "checkpoint_step": 2,
+                                                 "pid": 1, "host": "elsewhere"}))
+    result = CliRunner().invoke(cli, ["runs", str(run)])
+    assert result.exit_code == 0, result.output
+    assert "step:        2/8" in result.output and "broken" not in result.output
+    listed = CliRunner().invoke(cli, ["runs", str(tmp_path)])
+    assert listed.exit_code == 0 and "2/8" in listed.output, listed.output
+    pytest.importorskip("matplotlib")
+    plot = CliRunner().invoke(cli, ["runs", str(run), "--plot", str(tmp_path / "curves.jpg")])
+    assert plot.exit_code == 0, plot.output
+    assert (tmp_path / "curves.jpg").read_bytes()[:3] == b"\xff\xd8\xff"  # JPEG bytes in a .jpg
+    one_line(CliRunner().invoke(cli, ["runs", str(run), "--plot", str(tmp_path / "curves.bmp")]), "must end in")

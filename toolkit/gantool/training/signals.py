@@ -1,0 +1,68 @@
+"""Signals during training: stop at the next step boundary, or checkpoint now.
+
+SIGINT and SIGTERM ask the run to stop at the next step boundary with a
+checkpoint. A second one stops at once: it raises :class:`AbortNow` wherever
+the process is (mid-step, mid-checkpoint write), and the run then writes no
+checkpoint, so the last complete one is left as it was (a write cut short
+leaves only its temp file, which is removed). SIGUSR1 asks for a checkpoint at
+the next boundary and training goes on.
+
+Under torchrun the launcher forwards the signal it gets (Ctrl-C's SIGINT, a
+scheduler's SIGTERM) to its workers, which run in their own sessions, and
+sends SIGKILL 30 s later (--shutdown-timeout).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+# Stop at the next step boundary with a checkpoint: Ctrl-C, and what SLURM, Kubernetes,
+# `timeout` and torchrun send to end a job.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# Write a checkpoint at the next step boundary and keep training (POSIX only).
+CHECKPOINT_SIGNAL: signal.Signals | None = getattr(signal, "SIGUSR1", None)
+
+
+class AbortNow(KeyboardInterrupt):
+    """Raised by a second stop signal: what is in memory may be half a step, so nothing is saved."""
+
+
+class StopFlag:
+    """Signal handlers that set flags the loop checks at step boundaries."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.signum: int | None = None
+        self.aborted = False  # a second stop signal arrived: stop now, save nothing
+        self.checkpoint_requested = False
+
+    def stop(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            self.aborted = True
+            raise AbortNow
+        self.requested, self.signum = True, signum
+
+    def checkpoint_now(self, signum: int, frame: Any) -> None:
+        self.checkpoint_requested = True
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[StopFlag]:
+        """The handlers, from here until the block ends (main thread only; elsewhere a no-op)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        handlers: dict[signal.Signals, Any] = {sig: self.stop for sig in STOP_SIGNALS}
+        if CHECKPOINT_SIGNAL is not None:
+            handlers[CHECKPOINT_SIGNAL] = self.checkpoint_now
+        previous = {sig: signal.getsignal(sig) for sig in handlers}
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        try:
+            yield self
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
