@@ -284,6 +284,7 @@ def _remove_empty(folders: list[Path]) -> None:
 def commit_staged_folder(stage: Path, target: Path, remove: list[str]) -> None:
     """Put the files of ``stage`` into ``target`` and delete ``remove`` (names in ``target``)
     there, as one step as far as any later reader can tell."""
+    _kill_point("staged")
     names = sorted(p.name for p in stage.iterdir() if p.is_file())
     for sub in (p for p in stage.iterdir() if not p.is_file()):
         shutil.rmtree(sub, ignore_errors=True)  # scratch folders (a compiler's) are never installed

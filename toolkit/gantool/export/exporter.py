@@ -299,7 +299,7 @@ def export_generator(
             "parity": report,
             "notes": notes,
         }
-        with _naming_target(stage, out_dir):
+        with _naming_target(stage, out_dir, ARTIFACT["report"].filename):
             atomic_write_text(tmp["report"], json.dumps(report_to_json(document), indent=2) + "\n")
         if not keep_debug_info:
             _check_no_machine_traces(tmp, targets)
@@ -345,15 +345,13 @@ class _Written:
 
 
 @contextlib.contextmanager
-def _naming_target(stage: Path, out_dir: Path) -> Iterator[None]:
-    """Errors name the file in ``out_dir`` (the one the user asked for), not its staged copy;
-    a write that fails with an OSError (a full disk) is one line naming that file."""
+def _naming_target(stage: Path, out_dir: Path, name: str) -> Iterator[None]:
+    """Errors while writing ``name`` name the file in ``out_dir`` (the one the user asked for),
+    not its staged copy; an OSError (a full disk) is one line naming that file."""
     try:
         yield
     except OSError as e:
-        name = Path(e.filename).name if isinstance(e.filename, str) else ""
-        where = out_dir / name if name and not name.startswith(".") else out_dir
-        raise InputError(f"cannot write {where}: {e.strerror or e}") from None
+        raise InputError(f"cannot write {out_dir / name}: {e.strerror or e}") from None
     except GantoolError as e:
         e.args = (str(e).replace(str(stage), str(out_dir)),)
         raise
@@ -385,7 +383,7 @@ def _write_each(
             continue
         logger.info("exporting %s", ARTIFACT[key].filename)
         start = time.perf_counter()
-        with _naming_target(stage, out_dir):
+        with _naming_target(stage, out_dir, ARTIFACT[key].filename):
             if key == "onnx":
                 export_onnx(folded, example, tmp[key], metadata, opset, keep_debug_info)
             elif key == "onnx_fp16":
