@@ -8,6 +8,9 @@ killed (kill -9, power loss) leaves one behind; the first write of a later
 process into the same folder removes the ones whose writer process is gone (or
 that are older than :data:`STALE_TMP_SECONDS`). A full disk or a permission
 error is a one-line :class:`~gantool.core.errors.InputError` naming the path.
+
+A folder of files that belong together (an export) is written whole with
+:func:`staged_folder` and :func:`commit_staged_folder` (see the section below).
 """
 
 from __future__ import annotations
