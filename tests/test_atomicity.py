@@ -271,3 +271,48 @@ def test_a_failed_export_leaves_no_new_folder(tmp_path: Path, fault: str) -> Non
     assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
     assert not (tmp_path / "a").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == (["calib", "run"] if extra else ["run"])
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "sig, code, formats",
+    [(signal.SIGINT, 130, ["--onnx"]), (signal.SIGTERM, 143, ["--onnx"]), (signal.SIGTERM, 143, ["--aoti"])],
+)
+def test_a_signal_during_export_exits_with_its_code_and_leaves_no_temp_files(
+    tmp_path: Path, sig: signal.Signals, code: int, formats: list[str]
+) -> None:
+    """A real `gantool export` (for --aoti: while the C++ compiler runs) gets Ctrl-C's SIGINT or
+    SIGTERM: one line, exit 130/143, and no staging folder, compiler temp file or output folder left
+    (TMPDIR points at an empty folder of the test's own, which must stay empty)."""
+    import subprocess
+    import sys
+
+    checkpoint = save_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt", _state(3))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "toolkit"), "TMPDIR": str(scratch)}
+    command = [sys.executable, "-m", "gantool", "export", str(checkpoint), "-o", str(out), *formats, "--no-verify"]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        if "--aoti" in formats:  # the compiler's sources are being written: the compile is under way
+            _wait_for(lambda: any(tmp_path.glob(".gantool-stage-*/**/*.cpp")), 900, "the AOTInductor compile")
+        else:
+            _wait_for(lambda: any(tmp_path.glob(".gantool-stage-*")), 300, "the staging folder")
+            time.sleep(1.0)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    errors = [line for line in err.splitlines() if line.startswith("Error:")]
+    assert proc.returncode == code, err[-2000:]
+    assert len(errors) == 1 and "Traceback" not in err, err[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "tmp"]  # no staging, no output folder
+    assert list(scratch.iterdir()) == []

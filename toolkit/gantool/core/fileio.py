@@ -260,7 +260,10 @@ def staged_folder(target: str | Path) -> Iterator[Path]:
     puts it in place. On any exception, or when not committed, the stage and the folders made
     for it are removed, so a failed write leaves nothing behind."""
     target = Path(target)
-    created = _make_folders(target.parent)
+    try:
+        created = _make_folders(target.parent)
+    except InputError as e:
+        raise InputError(f"cannot create {target}: {e}") from None
     try:
         remove_stale_stages(target.parent)
         stage = target.parent / f"{STAGE_PREFIX}{target.name}.{os.getpid()}.{secrets.token_hex(4)}"
