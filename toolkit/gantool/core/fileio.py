@@ -242,8 +242,12 @@ def remove_stale_stages(parent: str | Path) -> list[Path]:
         return removed
     for entry in entries:
         target, pid = _stage_owner(entry.name)
-        if pid == os.getpid() or (pid is not None and pid_alive(pid)):
+        try:
+            young = time.time() - entry.stat(follow_symlinks=False).st_mtime < STALE_TMP_SECONDS
+        except OSError:
             continue
+        if young and (pid == os.getpid() or (pid is not None and pid_alive(pid))):
+            continue  # a live export's (a pid reused by another process counts as gone after a day)
         if target and (parent / target / JOURNAL_NAME).is_file():
             finish_interrupted_commit(parent / target)
         if Path(entry.path).exists():
