@@ -86,7 +86,9 @@ def _size(num_bytes: int) -> str:
 )  # fmt: skip
 @click.option("--no-verify", is_flag=True, help="Skip the parity check against eager PyTorch.")
 @click.option("--atol", type=float, default=1e-4, show_default=True, help="Max abs error allowed for fp32 backends.")
-@click.option("--overwrite", is_flag=True, help="Replace existing files in the output folder.")
+@click.option(
+    "--overwrite", is_flag=True, help="Replace an earlier export in the output folder (only files gantool wrote)."
+)
 @click.option(
     "--cuda/--no-cuda", default=None,
     help="Also check ONNX Runtime's CUDA provider [default: when a GPU is found].",
