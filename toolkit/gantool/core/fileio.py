@@ -279,10 +279,18 @@ def staged_folder(target: str | Path) -> Iterator[Path]:
         yield stage
     finally:
         with _signals_deferred():
-            if stage.exists():
+            if stage.exists() and not _journal_names(target, stage):  # a journal still needs it: keep it
                 shutil.rmtree(stage, ignore_errors=True)
             if not target.exists():
                 _remove_empty(created)
+
+
+def _journal_names(target: Path, stage: Path) -> bool:
+    """Whether a commit journal in ``target`` refers to ``stage`` (a commit that failed half-way)."""
+    try:
+        return json.loads((target / JOURNAL_NAME).read_text(encoding="utf-8")).get("stage") == stage.name
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _remove_empty(folders: list[Path]) -> None:
