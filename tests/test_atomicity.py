@@ -24,7 +24,7 @@ from conftest import TINY_CONFIG, random_generator
 from gantool.cli import cli
 from gantool.core import processing
 from gantool.core.errors import InputError
-from gantool.inference.inpainter import pipeline
+from gantool.inference import pipeline
 from gantool.training.checkpoint import load_checkpoint, save_checkpoint
 
 
@@ -81,12 +81,11 @@ def test_export_failing_half_way_keeps_the_previous_export(tmp_path: Path, monke
     from gantool.core.artifacts import ARTIFACT
     from gantool.export.exporter import export_generator
 
+    earlier = save_checkpoint(tmp_path / "run" / "checkpoints" / "a.pt", _state(2))
     checkpoint = save_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt", _state(3))
     out = tmp_path / "export"
-    out.mkdir()
-    for name in (ARTIFACT[key].filename for key in ("torchscript", "safetensors", "report")):  # an earlier export's files
-        (out / name).write_bytes(f"earlier {name}".encode())
-    before = snapshot(out)
+    export_generator(earlier, out, formats=("torchscript",), verify=False)  # an earlier export's files
+    before = snapshot(tmp_path)
     real_write_bytes = Path.write_bytes
 
     def failing_write_bytes(self: Path, data: bytes) -> int:
@@ -96,9 +95,9 @@ def test_export_failing_half_way_keeps_the_previous_export(tmp_path: Path, monke
 
     # The TorchScript file is written first, then the weights fail half-way.
     monkeypatch.setattr(Path, "write_bytes", failing_write_bytes)
-    with pytest.raises(InputError, match="No space left on device"):
+    with pytest.raises(InputError, match=rf"cannot write {out / 'generator.safetensors'}: No space left on device"):
         export_generator(checkpoint, out, formats=("torchscript",), verify=False, overwrite=True)
-    assert snapshot(out) == before
+    assert snapshot(tmp_path) == before  # the earlier export, and no staging folder or temp file beside it
 
 
 def test_inpaint_output_failing_half_way_keeps_the_previous_output(
@@ -165,3 +164,155 @@ def test_checkpoint_writer_killed_at_random_points_leaves_loadable_checkpoints(t
         assert [p.name for p in checkpoints] == ["last.pt"]
         assert load_checkpoint(checkpoints[0])["step"] >= iteration * 1000
     assert kills == 8
+
+
+# ------------------------------------------------------------- a folder written whole (issue #23)
+
+OLD_EXPORT = {"generator.onnx": b"old onnx", "generator.torchscript.pt": b"old torchscript"}
+NEW_EXPORT = {"generator.onnx": b"new onnx", "generator.pt2": b"new pt2"}
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} if folder.is_dir() else {}
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork (POSIX)")
+@pytest.mark.parametrize(
+    "step, existing",
+    [("staged", True), ("journal", True), ("install", True), ("remove", True), ("cleanup", True),
+     ("staged", False), ("rename", False)],
+)  # fmt: skip
+def test_a_commit_killed_at_every_step_leaves_the_old_files_or_the_new_ones(
+    tmp_path: Path, step: str, existing: bool
+) -> None:
+    """A forked child commits a staged folder and is SIGKILLed at ``step``; what the next
+    reader sees (after it completes an interrupted journal) is the old set or the new one."""
+    from gantool.core import fileio
+
+    target = tmp_path / "export"
+    if existing:
+        target.mkdir()
+        for name, data in {**OLD_EXPORT, "notes.txt": b"the user's"}.items():
+            (target / name).write_bytes(data)
+    old = _files(target)
+    new = {**NEW_EXPORT, "notes.txt": b"the user's"} if existing else dict(NEW_EXPORT)
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.environ[fileio.KILL_AT_ENV] = step
+            with fileio.staged_folder(target) as stage:
+                for name, data in NEW_EXPORT.items():
+                    (stage / name).write_bytes(data)
+                fileio.commit_staged_folder(stage, target, remove=list(OLD_EXPORT))
+        finally:
+            os._exit(3)  # reached only if the kill point was never hit
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"no kill at {step}"
+    fileio.finish_interrupted_commit(target) if target.is_dir() else None  # what check_export_folder does
+    fileio.remove_stale_stages(tmp_path)  # what the next export into tmp_path does
+    after = _files(target)
+    assert after in (old, new), f"killed at {step}: {sorted(after)}"
+    assert after == (old if step in ("staged", "rename") else new)  # "rename": killed just before it
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["export"] if target.exists() else [])
+
+
+def test_an_export_that_fails_on_a_full_disk_names_the_file_and_leaves_nothing(tmp_path: Path, monkeypatch) -> None:
+    checkpoint = save_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt", _state(3))
+    real_write_bytes = Path.write_bytes
+
+    def full_at_onnx(self: Path, data: bytes) -> int:
+        if self.name == "generator.onnx":  # the ONNX file (in the staging folder) does not fit
+            half_then_fail(data, self)
+        return real_write_bytes(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", full_at_onnx)
+    out = tmp_path / "new" / "export"
+    result = CliRunner().invoke(cli, ["export", str(checkpoint), "-o", str(out), "--onnx", "--no-verify"])
+    assert result.exit_code == 1, result.output
+    assert f"cannot write {out / 'generator.onnx'}: No space left on device" in result.output
+    assert "Traceback" not in result.output and result.output.count("Error:") == 1
+    assert not (tmp_path / "new").exists()  # no empty output folder, no staging folder
+
+
+def test_an_interrupted_export_exits_130_and_leaves_the_earlier_export(tmp_path: Path, monkeypatch) -> None:
+    from gantool.export.exporter import export_generator
+
+    checkpoint = save_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt", _state(3))
+    out = tmp_path / "export"
+    export_generator(checkpoint, out, formats=("torchscript",), verify=False)
+    before = snapshot(tmp_path)
+    real_write_bytes = Path.write_bytes
+
+    def ctrl_c_at_torchscript(self: Path, data: bytes) -> int:
+        if self.name == "generator.torchscript.pt":
+            raise KeyboardInterrupt  # Ctrl-C while the file is written
+        return real_write_bytes(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", ctrl_c_at_torchscript)
+    args = ["export", str(checkpoint), "-o", str(out), "--torchscript", "--no-verify", "--overwrite"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 130 and "interrupted (SIGINT)" in result.output, result.output
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("fault", ["nan weights", "bad calib"])
+def test_a_failed_export_leaves_no_new_folder(tmp_path: Path, fault: str) -> None:
+    state = _state(3)
+    extra: list[str] = []
+    if fault == "nan weights":
+        name = next(k for k, v in state["generator"].items() if k.endswith("running_mean"))
+        state["generator"][name].view(-1)[0] = float("inf")
+    else:
+        (tmp_path / "calib").mkdir()  # an empty calibration folder
+        extra = ["--int8", "--calib", str(tmp_path / "calib")]
+    checkpoint = save_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt", state)
+    out = tmp_path / "a" / "b" / "export"
+    result = CliRunner().invoke(cli, ["export", str(checkpoint), "-o", str(out), "--onnx", "--no-verify", *extra])
+    assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+    assert not (tmp_path / "a").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["calib", "run"] if extra else ["run"])
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "sig, code, formats",
+    [(signal.SIGINT, 130, ["--onnx"]), (signal.SIGTERM, 143, ["--onnx"]), (signal.SIGTERM, 143, ["--aoti"])],
+)
+def test_a_signal_during_export_exits_with_its_code_and_leaves_no_temp_files(
+    tmp_path: Path, sig: signal.Signals, code: int, formats: list[str]
+) -> None:
+    """A real `gantool export` (for --aoti: while the C++ compiler runs) gets Ctrl-C's SIGINT or
+    SIGTERM: one line, exit 130/143, and no staging folder, compiler temp file or output folder left
+    (TMPDIR points at an empty folder of the test's own, which must stay empty)."""
+    import subprocess
+    import sys
+
+    checkpoint = save_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt", _state(3))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "toolkit"), "TMPDIR": str(scratch)}
+    command = [sys.executable, "-m", "gantool", "export", str(checkpoint), "-o", str(out), *formats, "--no-verify"]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        if "--aoti" in formats:  # the compiler's sources are being written: the compile is under way
+            _wait_for(lambda: any(tmp_path.glob(".gantool-stage-*/**/*.cpp")), 900, "the AOTInductor compile")
+        else:
+            _wait_for(lambda: any(tmp_path.glob(".gantool-stage-*")), 300, "the staging folder")
+            time.sleep(1.0)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    errors = [line for line in err.splitlines() if line.startswith("Error:")]
+    assert proc.returncode == code, err[-2000:]
+    assert len(errors) == 1 and "Traceback" not in err, err[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "tmp"]  # no staging, no output folder
+    assert list(scratch.iterdir()) == []

@@ -51,7 +51,7 @@ pytestmark = [
 
 CONTRACT_KEYS = {
     "gantool.version", "gantool.model_config", "gantool.processing", "gantool.train_step", "gantool.train_phase",
-    "gantool.weights_sha256", "gantool.precision", "gantool.source", "gantool.torch_version",
+    "gantool.weights_sha256", "gantool.export_id", "gantool.precision", "gantool.source", "gantool.torch_version",
 }  # fmt: skip
 OUTPUT_NAMES = ("generator.onnx", "generator.torchscript.pt", "generator.safetensors", "export_report.json")
 
@@ -399,14 +399,15 @@ def test_failed_parity_writes_nothing_and_keeps_old_files(tmp_path):
     with torch.no_grad():
         generator.body[2][1].weight.fill_(1e6)
     checkpoint = write_checkpoint(tmp_path / "overflow.pt", generator)
+    earlier = write_checkpoint(tmp_path / "earlier.pt", briefly_trained_generator(TINY_CONFIG, seed=8, steps=1))
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "generator.onnx").write_bytes(b"previous export")
+    export_generator(earlier, out, formats=["onnx"], verify=False)  # the previous export
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
     result = invoke("export", checkpoint, "--fp16", "-o", out, "--overwrite")
     assert_one_line_error(result, "parity check failed", "fp16")
     assert "eager-fp16" in result.output  # the per-backend table is shown on failure
-    assert leftovers(out) == ["generator.onnx"]  # no temp files, no new outputs
-    assert (out / "generator.onnx").read_bytes() == b"previous export"
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no temp files, no new outputs
+    assert leftovers(tmp_path) == ["earlier.pt", "out", "overflow.pt"]  # no staging folder beside it
 
 
 def test_info_rejects_bad_files(tmp_path, full_export):

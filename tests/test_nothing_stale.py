@@ -27,7 +27,7 @@ from PIL import Image
 
 from conftest import TINY_CONFIG, briefly_trained_generator, write_checkpoint
 from gantool.cli import cli
-from gantool.core.artifacts import read_model_metadata
+from gantool.core.artifacts import META_EXPORT_ID, read_model_metadata
 from gantool.core.errors import InputError, ModelError
 from gantool.core.processing import mask_to_array, read_image
 from gantool.export.exporter import export_generator
@@ -95,13 +95,17 @@ def test_images_without_holes_are_skipped_and_counted(exported_model: ExportedMo
 # ------------------------------------------------------------------- broken models
 
 
-def _poisoned_onnx(source: Path, target_dir: Path) -> Path:
-    """A copy of ``source`` whose first convolution weights hold a NaN."""
+def _poisoned_onnx(source: Path, target_dir: Path, overflow: bool = False) -> Path:
+    """A copy of ``source`` whose first convolution weights hold a NaN (or, with ``overflow``,
+    are all finite but so large that the convolution's sums overflow to Inf)."""
     target_dir.mkdir(parents=True, exist_ok=True)
     model = onnx.load(str(source))
     weight = next(t for t in model.graph.initializer if numpy_helper.to_array(t).ndim == 4)
     array = numpy_helper.to_array(weight).copy()
-    array.flat[0] = np.nan
+    if overflow:
+        array[...] = np.finfo(np.float32).max
+    else:
+        array.flat[0] = np.nan
     weight.CopyFrom(numpy_helper.from_array(array, weight.name))
     path = target_dir / "generator.onnx"
     onnx.save(model, str(path))
@@ -111,7 +115,7 @@ def _poisoned_onnx(source: Path, target_dir: Path) -> Path:
 def test_a_model_that_produces_nan_fails_the_image_and_writes_nothing(
     exported_model: ExportedModel, tmp_path: Path
 ) -> None:
-    broken = _poisoned_onnx(exported_model.onnx, tmp_path / "broken")
+    broken = _poisoned_onnx(exported_model.onnx, tmp_path / "broken", overflow=True)  # finite weights
     image = photo(tmp_path)
     result = inpaint(image, "--box", "4,4,8,8", "--model", broken)
     assert result.exit_code == 1
@@ -211,7 +215,9 @@ def test_a_folder_that_mixes_exports_is_refused_naming_the_files(tmp_path: Path)
     mixed = tmp_path / "mixed"
     shutil.copytree(tmp_path / "b", mixed)
     shutil.copy(tmp_path / "a" / "generator.torchscript.pt", mixed)
-    with pytest.raises(ModelError, match=r"mixes files of different exports.*generator\.onnx.*generator\.torchscript\.pt"):
+    with pytest.raises(
+        ModelError, match=r"mixes files of different exports.*generator\.onnx.*generator\.torchscript\.pt"
+    ):
         Inpainter(mixed, provider="cpu", backend="torchscript")
     result = inpaint(photo(tmp_path), "--box", "1,1,4,4", "--model", mixed)
     assert result.exit_code == 1 and "mixes files of different exports" in result.output
@@ -257,3 +263,204 @@ def test_torch_is_not_needed_to_inspect_an_onnx_folder(exported_model: ExportedM
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "toolkit")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "False"
+
+
+# ------------------------------------------------------- one model per folder (issue #23)
+
+
+def _two_exports(tmp_path: Path) -> tuple[Path, Path]:
+    """Export A (ONNX + TorchScript) and export B (ONNX) of two different checkpoints."""
+    run = tmp_path / "run"
+    first = write_checkpoint(run / "checkpoints" / "a.pt", briefly_trained_generator(TINY_CONFIG, seed=1, steps=1))
+    second = write_checkpoint(run / "checkpoints" / "b.pt", briefly_trained_generator(TINY_CONFIG, seed=2, steps=1))
+    export_generator(first, tmp_path / "a", formats=("onnx", "torchscript"), verify=False)
+    export_generator(second, tmp_path / "b", formats=("onnx",), verify=False)
+    return tmp_path / "a", tmp_path / "b"
+
+
+def test_every_file_of_an_export_carries_one_export_id_and_a_re_export_the_same(tmp_path: Path) -> None:
+    checkpoint = write_checkpoint(tmp_path / "c" / "last.pt", briefly_trained_generator(TINY_CONFIG, steps=1))
+    first = export_generator(checkpoint, tmp_path / "x", formats=("onnx", "torchscript"), verify=False)
+    again = export_generator(checkpoint, tmp_path / "y", formats=("onnx", "torchscript"), verify=False)
+    other = export_generator(checkpoint, tmp_path / "z", formats=("onnx",), verify=False)
+    ids = {read_model_metadata(p)[META_EXPORT_ID] for p in first.paths.values() if p.suffix != ".json"}
+    report = json.loads(first.paths["report"].read_text())["metadata"][META_EXPORT_ID]
+    assert len(ids) == 1 and ids == {report} and len(report) == 32
+    assert again.metadata[META_EXPORT_ID] == report  # deterministic: equal exports, equal files
+    assert other.metadata[META_EXPORT_ID] != report  # same weights, another export
+
+
+def test_a_foreign_model_file_without_metadata_in_an_export_folder_is_refused_naming_it(tmp_path: Path) -> None:
+    a, b = _two_exports(tmp_path)
+    foreign = onnx.load(str(b / "generator.onnx"))
+    del foreign.metadata_props[:]  # model B with its metadata removed
+    onnx.save(foreign, str(a / "generator.onnx"))
+    with pytest.raises(ModelError, match=r"generator\.onnx carries no gantool metadata, so it is not part of"):
+        Inpainter(a, provider="cpu")
+    for model in (a, a / "generator.onnx", a / "generator.torchscript.pt"):
+        result = inpaint(photo(tmp_path), "--box", "1,1,4,4", "--model", model, "--overwrite")
+        assert result.exit_code == 1 and f"{a / 'generator.onnx'} carries no gantool metadata" in result.output
+
+
+def test_a_file_of_another_export_of_the_same_weights_is_refused(tmp_path: Path) -> None:
+    checkpoint = write_checkpoint(tmp_path / "c" / "last.pt", briefly_trained_generator(TINY_CONFIG, steps=1))
+    export_generator(checkpoint, tmp_path / "x", formats=("onnx",), verify=False)
+    export_generator(checkpoint, tmp_path / "y", formats=("torchscript",), verify=False)
+    shutil.copy(tmp_path / "y" / "generator.torchscript.pt", tmp_path / "x")  # the weights hashes agree
+    with pytest.raises(ModelError, match=r"mixes files of different exports \(export ids differ"):
+        Inpainter(tmp_path / "x", provider="cpu", backend="torchscript")
+
+
+def test_overwrite_never_deletes_a_file_gantool_did_not_write(tmp_path: Path) -> None:
+    a, _ = _two_exports(tmp_path)
+    stranger = a / "generator.pt2"
+    stranger.write_bytes(os.urandom(4096))  # random bytes under a name from the export table
+    before = {p.name: p.read_bytes() for p in a.iterdir()}
+    checkpoint = tmp_path / "run" / "checkpoints" / "b.pt"
+    result = invoke("export", checkpoint, "-o", a, "--onnx", "--no-verify", "--overwrite")
+    assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+    assert f"refusing to replace {stranger}" in result.output
+    assert {p.name: p.read_bytes() for p in a.iterdir()} == before
+    stranger.unlink()  # once it is gone, --overwrite replaces the older export's files
+    assert invoke("export", checkpoint, "-o", a, "--onnx", "--no-verify", "--overwrite").exit_code == 0
+    assert sorted(p.name for p in a.iterdir()) == ["export_report.json", "generator.onnx", "generator.safetensors"]
+
+
+def test_a_killed_export_is_completed_by_the_next_reader(tmp_path: Path) -> None:
+    """A real `gantool export --overwrite`, SIGKILLed after the first file of its commit went in
+    (two models in the folder for a moment): the next Inpainter completes it and runs model B."""
+    import subprocess
+    import sys
+
+    from gantool.core.fileio import JOURNAL_NAME, KILL_AT_ENV
+
+    a, _ = _two_exports(tmp_path)
+    checkpoint = tmp_path / "run" / "checkpoints" / "b.pt"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "toolkit"), KILL_AT_ENV: "install"}
+    command = [sys.executable, "-m", "gantool", "export", str(checkpoint), "-o", str(a), "--onnx", "--no-verify",
+               "--overwrite"]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == -9, done.stderr
+    assert (a / JOURNAL_NAME).is_file()  # killed mid-commit
+    Inpainter(a, provider="cpu")  # completes the commit, then opens one whole export
+    names = sorted(p.name for p in a.iterdir())
+    assert names == ["export_report.json", "generator.onnx", "generator.safetensors"]
+    assert len({read_model_metadata(a / n)[META_EXPORT_ID] for n in names if not n.endswith(".json")}) == 1
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+# --------------------------------------------------------- non-finite weights, every backend
+
+
+def _inf_checkpoint(tmp_path: Path) -> Path:
+    generator = briefly_trained_generator(TINY_CONFIG, steps=1)
+    state = {k: v.clone() for k, v in generator.state_dict().items()}
+    name = next(k for k in state if k.endswith("running_mean"))
+    state[name].view(-1)[0] = float("inf")  # Inf in a BatchNorm running mean
+    path = tmp_path / "run" / "checkpoints" / "last.pt"
+    save_checkpoint(path, {"model_config": TINY_CONFIG.to_dict(), "generator": state, "step": 1, "phase": "g"})
+    return path
+
+
+@pytest.mark.parametrize("backend", ["eager", "safetensors", "onnx", "torchscript", "pt2"])
+def test_non_finite_weights_are_refused_by_every_backend(
+    exported_model: ExportedModel, tmp_path: Path, backend: str
+) -> None:
+    folder = tmp_path / "m"
+    folder.mkdir()
+    if backend == "eager":
+        model = _inf_checkpoint(tmp_path)
+    elif backend == "safetensors":
+        import safetensors.numpy
+
+        with safetensors.safe_open(str(exported_model.safetensors), framework="numpy") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+            meta = f.metadata()
+        name = next(k for k in tensors if k.endswith("running_mean"))
+        tensors[name] = tensors[name].copy()
+        tensors[name].flat[0] = np.inf
+        model = folder / "generator.safetensors"
+        safetensors.numpy.save_file(tensors, str(model), metadata=meta)
+    elif backend == "onnx":
+        model = _poisoned_onnx(exported_model.onnx, folder)
+    else:
+        checkpoint = tmp_path / "ok.pt"
+        write_checkpoint(checkpoint, briefly_trained_generator(TINY_CONFIG, steps=1))
+        export_generator(checkpoint, tmp_path / "ok", formats=(backend,), verify=False)
+        source = tmp_path / "ok" / ("generator.pt2" if backend == "pt2" else "generator.torchscript.pt")
+        model = folder / source.name
+        if backend == "pt2":
+            program = torch.export.load(str(source))
+            with torch.no_grad():
+                next(t for t in program.state_dict.values() if t.is_floating_point()).view(-1)[0] = float("inf")
+            torch.export.save(program, str(model))
+        else:
+            module = torch.jit.load(str(source))
+            with torch.no_grad():
+                next(p for p in module.parameters()).view(-1)[0] = float("inf")
+            torch.jit.save(module, str(model))
+    with pytest.raises(ModelError, match="non-finite weights"):
+        Inpainter(model, provider="cpu", backend="eager" if backend == "safetensors" else "auto")
+    result = inpaint(photo(tmp_path), "--box", "1,1,4,4", "--model", model)
+    assert result.exit_code == 1 and "non-finite weights" in result.output and result.output.count("\n") == 1
+
+
+# ------------------------------------------------------------ clear lines (issue #23, item 7)
+
+
+def test_a_folder_with_only_the_int8_model_runs_with_precision_int8(
+    exported_model: ExportedModel, tmp_path: Path
+) -> None:
+    folder = tmp_path / "int8only"
+    folder.mkdir()
+    model = onnx.load(str(exported_model.onnx))
+    for prop in model.metadata_props:
+        if prop.key == "gantool.precision":
+            prop.value = "int8"  # an fp32 graph under the int8 name: enough to find and open it
+    onnx.save(model, str(folder / "generator_int8.onnx"))
+    result = inpaint(photo(tmp_path), "--box", "1,1,4,4", "--model", folder, "--precision", "int8")
+    assert result.exit_code == 0, result.output
+    result = inpaint(photo(tmp_path), "--box", "1,1,4,4", "--model", folder, "--precision", "fp16", "--overwrite")
+    assert result.exit_code == 1 and "expected generator_fp16.onnx or generator.onnx" in result.output, result.output
+
+
+def test_a_truncated_torchscript_file_is_called_truncated(exported_model: ExportedModel, tmp_path: Path) -> None:
+    data = exported_model.torchscript.read_bytes()
+    cut = tmp_path / "cut" / "generator.torchscript.pt"
+    cut.parent.mkdir()
+    cut.write_bytes(data[: len(data) // 2])
+    for model in (cut, cut.parent):
+        result = inpaint(photo(tmp_path), "--box", "1,1,4,4", "--model", model)
+        assert result.exit_code == 1 and f"{cut} is truncated or damaged" in result.output, result.output
+        assert "Invalid argument" not in result.output and "miniz" not in result.output
+
+
+class _RunsAShell:
+    def __reduce__(self):
+        return (os.system, ("true",))
+
+
+def test_a_blocked_pickle_gives_the_cause_never_the_weights_only_false_advice(tmp_path: Path) -> None:
+    hostile = tmp_path / "hostile.pt"
+    torch.save({"step": _RunsAShell()}, hostile)
+    for command in (("info", hostile), ("inpaint", photo(tmp_path), "--box", "1,1,4,4", "--model", hostile)):
+        result = invoke(*command)
+        assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+        assert "system" in result.output and "blocked" in result.output  # the refused global
+        assert "weights_only" not in result.output and "will likely succeed" not in result.output
+
+
+def test_a_run_whose_export_is_older_than_its_last_checkpoint_warns_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = tmp_path / "run"
+    generator = briefly_trained_generator(TINY_CONFIG, steps=1)
+    checkpoint = write_checkpoint(run / "checkpoints" / "last.pt", generator, step=8)
+    export_generator(checkpoint, run / "export", formats=("onnx",), verify=False)
+    write_checkpoint(checkpoint, generator, step=11)  # training went on
+    os.utime(checkpoint, (os.path.getmtime(run / "export" / "generator.onnx") + 5,) * 2)
+    with caplog.at_level("WARNING", logger="gantool.core.artifacts"):
+        Inpainter(run, provider="cpu")
+        Inpainter(run, provider="cpu")
+    warnings = [r.getMessage() for r in caplog.records if "is from training step" in r.getMessage()]
+    assert len(warnings) == 1 and "step 8" in warnings[0] and "at step 11" in warnings[0], caplog.text

@@ -125,9 +125,9 @@ def test_export_help_lists_keep_debug_info():
 
 
 def test_export_fails_and_writes_nothing_when_a_file_stays_dirty(checkpoint_factory, tmp_path, monkeypatch):
-    import gantool.export.exporter
+    import gantool.export.formats
 
-    monkeypatch.setattr(gantool.export.exporter, "strip_onnx_debug_info", lambda model: 0)  # a scrubber that misses
+    monkeypatch.setattr(gantool.export.formats, "strip_onnx_debug_info", lambda model: 0)  # a scrubber that misses
     out = tmp_path / "out"
     with pytest.raises(ModelError, match="generator.onnx still carries build-machine traces"):
         export_generator(checkpoint_factory("random", seed=13), out, formats=["onnx"], verify=False)

@@ -2,12 +2,44 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
 
 from gantool.core.artifacts import ARTIFACT, DEFAULT_EXPORT_FORMATS
 from gantool.core.constants import DEFAULT_INT8_MIN_PSNR
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so the export's cleanup runs."""
+
+
+@contextlib.contextmanager
+def _signals_end_the_export() -> Iterator[None]:
+    """Ctrl-C and SIGTERM stop the export with one line and exit 130 / 143 (as a shell reports
+    them), after the library removed its staging folder; the output folder is left as it was."""
+
+    def on_term(signum: int, frame: object) -> None:
+        raise _Terminated
+
+    main = threading.current_thread() is threading.main_thread()  # only there can a handler be set
+    old = signal.signal(signal.SIGTERM, on_term) if main else None
+    try:
+        yield
+    except KeyboardInterrupt:
+        click.echo("Error: export interrupted (SIGINT); the output folder is as it was", err=True)
+        sys.exit(130)
+    except _Terminated:
+        click.echo("Error: export stopped (SIGTERM); the output folder is as it was", err=True)
+        sys.exit(143)
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, old)
 
 
 def _size(num_bytes: int) -> str:
@@ -54,7 +86,9 @@ def _size(num_bytes: int) -> str:
 )  # fmt: skip
 @click.option("--no-verify", is_flag=True, help="Skip the parity check against eager PyTorch.")
 @click.option("--atol", type=float, default=1e-4, show_default=True, help="Max abs error allowed for fp32 backends.")
-@click.option("--overwrite", is_flag=True, help="Replace existing files in the output folder.")
+@click.option(
+    "--overwrite", is_flag=True, help="Replace an earlier export in the output folder (only files gantool wrote)."
+)
 @click.option(
     "--cuda/--no-cuda", default=None,
     help="Also check ONNX Runtime's CUDA provider [default: when a GPU is found].",
@@ -86,7 +120,10 @@ def export(
     CHECKPOINT defaults to the newest runs/*/checkpoints/last.pt. The parity
     sweep compares eager PyTorch with every format written over batch sizes,
     image sizes and mask kinds (fp32 within --atol; fp16, bf16 and int8 by
-    PSNR); a failed check writes nothing and exits 1.
+    PSNR); a failed check writes nothing and exits 1. The files go into the
+    output folder together: a failed, interrupted (exit 130/143) or killed
+    export leaves the earlier export there, whole. --overwrite replaces only
+    files that gantool wrote.
     The files carry no absolute path or stack trace of this machine unless
     --keep-debug-info is given.
     """
@@ -99,12 +136,12 @@ def export(
     wanted = (("onnx", want_onnx), ("torchscript", want_torchscript), ("pt2", want_pt2), ("aoti", want_aoti))
     chosen = [name for name, flag in wanted if flag]
     try:
-        result = export_generator(
-            checkpoint, out_dir, formats=chosen or DEFAULT_EXPORT_FORMATS, opset=opset, fp16=fp16,
-            verify=not no_verify, atol=atol, overwrite=overwrite, cuda=cuda, int8=int8, calib=calib,
-            int8_min_psnr=int8_min_psnr,
-            keep_debug_info=keep_debug_info,
-        )  # fmt: skip
+        with _signals_end_the_export():
+            result = export_generator(
+                checkpoint, out_dir, formats=chosen or DEFAULT_EXPORT_FORMATS, opset=opset, fp16=fp16,
+                verify=not no_verify, atol=atol, overwrite=overwrite, cuda=cuda, int8=int8, calib=calib,
+                int8_min_psnr=int8_min_psnr, keep_debug_info=keep_debug_info,
+            )  # fmt: skip
     except ParityError as e:
         for line in summary_lines(e.report):
             click.echo(line, err=True)

@@ -24,6 +24,7 @@ from typing import Any
 from gantool.core.config import ModelConfig
 from gantool.core.constants import BACKEND_CHOICES, BACKENDS, CHECKPOINTS_DIR, LAST_CHECKPOINT, RUN_EXPORT_DIR
 from gantool.core.errors import InputError, ModelError, check_choice, first_line
+from gantool.core.fileio import finish_interrupted_commit
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,9 @@ META_PROCESSING = "gantool.processing"  # JSON of the processing contract
 META_TRAIN_STEP = "gantool.train_step"
 META_TRAIN_PHASE = "gantool.train_phase"
 META_WEIGHTS_SHA256 = "gantool.weights_sha256"  # of the unfolded generator weights
+# The same in every file of one export (and only there): a hash of the weights and the export's
+# options, so files of two exports never pass as one model, and a re-export is byte-identical.
+META_EXPORT_ID = "gantool.export_id"
 META_PRECISION = "gantool.precision"
 META_SOURCE = "gantool.source"  # the checkpoint's file name
 META_TORCH_VERSION = "gantool.torch_version"
@@ -89,6 +93,7 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("report", "export_report.json", KIND_REPORT, None, None),
 )
 ARTIFACT = {a.key: a for a in ARTIFACTS}
+TABLE_NAMES = frozenset(a.filename for a in ARTIFACTS)
 # Formats a user picks with `gantool export --onnx/--torchscript/--pt2/--aoti` (aoti implies pt2);
 # the others follow from options (fp16 with --fp16, int8 with --int8) or are always written (the
 # safetensors weights and the report). Without a choice, DEFAULT_EXPORT_FORMATS.
@@ -110,31 +115,69 @@ def export_files(folder: str | Path) -> dict[str, Path]:
     return {a.key: folder / a.filename for a in ARTIFACTS if (folder / a.filename).is_file()}
 
 
-def check_export_folder(folder: str | Path) -> None:
-    """Refuse a folder whose model files come from different weights (mixed exports).
-
-    Every gantool export writes the same ``gantool.weights_sha256`` into each of
-    its files, so a disagreement means files of two exports sit side by side.
-    """
-    hashes: dict[str, str] = {}
-    for key, path in export_files(folder).items():
-        if ARTIFACT[key].backend is None:
-            continue
+def gantool_metadata(path: str | Path) -> dict[str, str] | None:
+    """The gantool metadata of a table file (a report's is its ``metadata`` entry); None when
+    the file carries none. Raises ModelError when the file cannot be read."""
+    path = Path(path)
+    if model_kind(path) == KIND_REPORT:
         try:
-            digest = read_model_metadata(path).get(META_WEIGHTS_SHA256)
+            meta = json.loads(path.read_text(encoding="utf-8")).get("metadata")
+        except (OSError, ValueError, AttributeError) as e:
+            raise ModelError(f"{path} is not a readable export report ({first_line(e)})") from None
+        ok = isinstance(meta, dict) and any(str(k).startswith(META_PREFIX) for k in meta)
+        return {str(k): str(v) for k, v in meta.items()} if ok else None
+    try:
+        return read_model_metadata(path)
+    except ModelError as e:
+        if "carries no gantool metadata" in str(e):
+            return None
+        raise
+
+
+def check_export_folder(folder: str | Path) -> None:
+    """Refuse a folder that does not hold exactly one export.
+
+    A commit that a killed export left half done is completed first. Every file a
+    gantool export writes carries its ``gantool.export_id`` (older exports: the same
+    ``gantool.weights_sha256``); in a folder of an export (a report, or more than one
+    model file), a model file without gantool metadata or with another export's id is
+    refused by name. An unreadable file is reported when it is opened.
+    """
+    folder = Path(folder)
+    finish_interrupted_commit(folder)
+    files = export_files(folder)
+    exported = "report" in files or sum(ARTIFACT[key].backend is not None for key in files) > 1
+    ids: dict[str, str] = {}
+    hashes: dict[str, str] = {}
+    for path in files.values():
+        try:
+            meta = gantool_metadata(path)
         except ModelError:
-            continue  # an unreadable file is reported when it is opened
-        if digest:
-            hashes[path.name] = digest
-    if len(set(hashes.values())) > 1:
-        listing = ", ".join(f"{name} ({digest[:12]})" for name, digest in sorted(hashes.items()))
-        raise ModelError(
-            f"{folder} mixes files of different exports (weights hashes differ: {listing}); "
-            "re-export into it with --overwrite or into an empty folder"
-        )
+            continue
+        if meta is None:
+            if exported:
+                raise ModelError(
+                    f"{path} carries no gantool metadata, so it is not part of the export in {folder}; "
+                    "move it away, or re-export into the folder with --overwrite"
+                )
+            continue
+        if meta.get(META_EXPORT_ID):
+            ids[path.name] = meta[META_EXPORT_ID]
+        if meta.get(META_WEIGHTS_SHA256):
+            hashes[path.name] = meta[META_WEIGHTS_SHA256]
+    for what, found in (("export ids", ids), ("weights hashes", hashes)):
+        if len(set(found.values())) > 1:
+            listing = ", ".join(f"{name} ({digest[:12]})" for name, digest in sorted(found.items()))
+            raise ModelError(
+                f"{folder} mixes files of different exports ({what} differ: {listing}); "
+                "re-export into it with --overwrite or into an empty folder"
+            )
 
 
 # ----------------------------------------------------------------------------- what a file is
+
+
+ZIP_MAGIC = b"PK\x03\x04"
 
 
 def _zip_names(path: Path) -> list[str]:
@@ -143,6 +186,21 @@ def _zip_names(path: Path) -> list[str]:
             return archive.namelist()
     except (zipfile.BadZipFile, OSError):
         return []
+
+
+def check_zip_archive(path: str | Path) -> None:
+    """Refuse a zip archive (TorchScript, .pt2, checkpoint) that lost its end, in plain words."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return  # the loader reports it
+    if head == ZIP_MAGIC and not _zip_names(path):
+        raise ModelError(
+            f"{path} is truncated or damaged (its zip archive has no end record: an interrupted copy, "
+            "download or write?); copy or export it again"
+        )
 
 
 def model_kind(path: str | Path) -> str:
@@ -163,6 +221,7 @@ def model_kind(path: str | Path) -> str:
     if name.endswith(".json"):
         return KIND_REPORT
     if name.endswith((".pt", ".pth")):
+        check_zip_archive(path)
         names = _zip_names(path)
         if any("/code/" in n or n.endswith(f"/extra/{TORCHSCRIPT_METADATA_ENTRY}") for n in names):
             return KIND_TORCHSCRIPT
@@ -202,20 +261,24 @@ def default_model_dir() -> Path | None:
     return None
 
 
-def _folder_candidates(folder: Path, backend: str) -> list[Path]:
-    names = [sub / a.filename for sub in (folder, folder / RUN_EXPORT_DIR) for a in model_artifacts(backend)]
+def _folder_candidates(folder: Path, backend: str, precision: str = "fp32") -> list[Path]:
+    # A precision of its own (the int8 or fp16 ONNX model) is looked for first, then the fp32 file.
+    wanted = [*(model_artifacts(backend, precision) if precision != "fp32" else []), *model_artifacts(backend)]
+    names = [sub / a.filename for sub in (folder, folder / RUN_EXPORT_DIR) for a in wanted]
     if backend == "eager":  # a run folder: the latest training checkpoint
         names.append(folder / RUN_CHECKPOINT)
     return names
 
 
-def resolve_model(model: str | Path | None, backend: str = "auto") -> tuple[Path, str]:
+def resolve_model(model: str | Path | None, backend: str = "auto", precision: str = "fp32") -> tuple[Path, str]:
     """Find the model file for ``backend`` and the backend to use.
 
     ``model`` may be a model file, an export folder, a run folder (its export,
     else its newest checkpoint), or None for the shipped model. ``backend="auto"``
     picks from the file, and in a folder takes the first of :data:`BACKENDS`
-    that has a file.
+    that has a file (for ``precision`` fp16 or int8, that precision's file first).
+    A model file of an export folder is opened only if the folder holds one export
+    (:func:`check_export_folder`).
     """
     check_choice("backend", backend, BACKEND_CHOICES)
     if model is None:
@@ -230,14 +293,25 @@ def resolve_model(model: str | Path | None, backend: str = "auto") -> tuple[Path
     if path.is_dir():
         wanted = BACKENDS if backend == "auto" else (backend,)
         for name in wanted:
-            for candidate in _folder_candidates(path, name):
+            for candidate in _folder_candidates(path, name, precision):
                 if candidate.is_file():
                     check_export_folder(candidate.parent)
+                    if candidate.parent.name == RUN_EXPORT_DIR:
+                        warn_if_older_than_checkpoint(candidate, candidate.parent.parent / RUN_CHECKPOINT)
                     return candidate, name
-        expected = " or ".join(a.filename for name in wanted for a in model_artifacts(name))
+        expected = " or ".join(
+            dict.fromkeys(
+                c.name
+                for name in wanted
+                for c in _folder_candidates(path, name, precision)
+                if c.name != LAST_CHECKPOINT
+            )
+        )
         raise ModelError(f"no model in {path}: expected {expected} (from `gantool export`)")
     if not path.is_file():
         raise InputError(f"not a regular file: {path}")
+    if path.name in TABLE_NAMES:
+        check_export_folder(path.parent)
     detected = BACKEND_OF_KIND.get(model_kind(path))
     if detected is None:
         raise ModelError(f"{path} is not a model file")
@@ -246,6 +320,32 @@ def resolve_model(model: str | Path | None, backend: str = "auto") -> tuple[Path
     if backend == "eager" and detected == "torchscript":
         raise ModelError(f"{path} is a TorchScript model: use --backend torchscript")
     raise ModelError(f"{path} is not a model for the {backend} backend (it is one for {detected})")
+
+
+_warned_older: set[tuple[str, str]] = set()
+
+
+def warn_if_older_than_checkpoint(model: Path, checkpoint: Path) -> None:
+    """Warn (once per pair) when a run's export comes from an earlier step than its newest checkpoint."""
+    key = (str(model.resolve()), str(checkpoint.resolve()))
+    if key in _warned_older or not checkpoint.is_file():
+        return
+    try:
+        if checkpoint.stat().st_mtime <= model.stat().st_mtime:
+            return  # the fast path: the checkpoint was not written after the export
+        exported = int(read_model_metadata(model).get(META_TRAIN_STEP, ""))
+        import torch  # delayed: only when the checkpoint is newer; mmap reads just the step
+
+        step = int(torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)["step"])
+    except Exception:  # unreadable either way: opening the model reports what matters
+        return
+    _warned_older.add(key)
+    if step != exported:
+        log.warning(
+            "%s is from training step %d, but %s is at step %d: re-export it "
+            "(`gantool export %s --overwrite`) or pass --model %s",
+            model.parent, exported, checkpoint, step, checkpoint, checkpoint,
+        )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- reading metadata

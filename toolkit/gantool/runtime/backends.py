@@ -52,6 +52,7 @@ from gantool.core.artifacts import (
     PT2_METADATA_ENTRY,
     TORCHSCRIPT_METADATA_ENTRY,
     check_export_folder,
+    check_zip_archive,
     config_from_metadata,
     model_kind,
     read_model_metadata,
@@ -61,6 +62,7 @@ from gantool.core.config import ModelConfig
 from gantool.core.constants import BACKEND_CHOICES, PRECISION_BACKENDS, PRECISIONS, PROVIDERS
 from gantool.core.errors import InputError, ModelError, check_choice, first_line
 from gantool.runtime.providers import OpenedSession, cpu_isa_flags, cuda_device_visible, open_session, torch_device
+from gantool.runtime.weights import onnx_initializers, refuse_non_finite
 
 
 class Backend:
@@ -156,6 +158,7 @@ class OnnxBackend(Backend):
                 cpu_file,
                 OpenedSession(open_session(cpu_file, "cpu").session, opened.provider, opened.note),
             )
+        refuse_non_finite(model_file, onnx_initializers(model_file))
         self.session = opened.session
         metadata = dict(self.session.get_modelmeta().custom_metadata_map)
         super().__init__(model_file, metadata, opened.provider, opened.note)
@@ -291,6 +294,7 @@ class TorchScriptBackend(_TorchBackend):
         device, note = torch_device(provider)
         if precision not in ("auto", "fp32"):
             raise InputError(f"precision {precision} needs the {' or '.join(PRECISION_BACKENDS[precision])} backend")
+        check_zip_archive(path)
         extra = {TORCHSCRIPT_METADATA_ENTRY: ""}
         try:
             with warnings.catch_warnings():  # local: TorchScript's deprecation notice is not the user's concern
@@ -305,6 +309,7 @@ class TorchScriptBackend(_TorchBackend):
                 metadata = {str(k): str(v) for k, v in json.loads(extra[TORCHSCRIPT_METADATA_ENTRY]).items()}
             except (ValueError, AttributeError):
                 raise ModelError(f"{path}: unreadable {TORCHSCRIPT_METADATA_ENTRY}") from None
+        refuse_non_finite(path, module.state_dict())
         super().__init__(path, module.eval(), device, metadata, note)
 
 
@@ -332,6 +337,7 @@ class EagerBackend(_TorchBackend):
                 META_TRAIN_PHASE: str(state["phase"]),
                 META_SOURCE: path.name,
             }
+        refuse_non_finite(path, generator.state_dict())
         metadata.setdefault(META_PRECISION, "fp32")
         if precision == "bf16":  # numerics change anyway: run the BN-folded network, as the exports do
             from gantool.nn.networks import fold_batchnorm  # delayed: imports torch
@@ -355,6 +361,7 @@ class Pt2Backend(_TorchBackend):
         if not path.is_file():
             raise ModelError(f"model not found: {path}")
         device, note = torch_device(provider)
+        check_zip_archive(path)
         extra = {PT2_METADATA_ENTRY: ""}
         try:
             with open(path, "rb") as f:
@@ -362,6 +369,7 @@ class Pt2Backend(_TorchBackend):
             metadata = {str(k): str(v) for k, v in json.loads(extra[PT2_METADATA_ENTRY] or "{}").items()}
         except Exception as e:  # corrupt archives raise RuntimeError, KeyError, JSON errors, ...
             raise ModelError(f"{path} is not a readable torch.export (.pt2) model ({first_line(e)})") from None
+        refuse_non_finite(path, {**program.state_dict, **program.constants})
         module = program.module().to(device)
         if precision == "bf16":
             module = strip_dtype_asserts(module)
@@ -457,12 +465,12 @@ def load_backend(
         # A folder: the first backend (in auto order) that runs this precision and has a file.
         for candidate in allowed:
             try:
-                path, name = resolve_model(model, candidate)
+                path, name = resolve_model(model, candidate, precision if precision in ("fp16", "int8") else "fp32")
                 break
             except ModelError:
                 continue
         else:
-            path, name = resolve_model(model, allowed[0])  # raises: names the missing file
+            path, name = resolve_model(model, allowed[0], precision)  # raises: names the missing file
     else:
         path, name = resolve_model(model, backend)
     if allowed and name not in allowed:

@@ -104,10 +104,19 @@ def load_error_cause(error: BaseException) -> str:
     (which global was refused) is on the "WeightsUnpickler error:" line.
     """
     marker = "WeightsUnpickler error:"
-    for line in str(error).splitlines():
+    text = str(error)
+    for line in text.splitlines():
         if marker in line:
             reason = line.split(marker, 1)[1].split(". Please", 1)[0].strip()
             return f"a weights-only load refuses it: {first_line(Exception(reason))}"
+    if text.startswith("Weights only load failed"):
+        # Newer torch: the advice paragraph (rerun with weights_only=False, which would run the
+        # file's code) comes first, the cause in a later one. Give the cause, never the advice.
+        paragraphs = [p.strip() for p in text.split("\n\n") if p.strip()]
+        causes = [p for p in paragraphs[1:] if "weights_only" not in p and not p.startswith("Check the documentation")]
+        if causes:
+            return f"a weights-only load refuses it: {first_line(Exception(causes[0]))}"
+        return "a weights-only load refuses it (it holds Python objects other than tensors and containers)"
     return first_line(error)
 
 
