@@ -133,19 +133,13 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "mask_threshold_ge_127",
         "core/processing.py",
-        "return zero_one if zero_one is not None else (grey > 127).astype(np.float32)",
-        "return zero_one if zero_one is not None else (grey >= 127).astype(np.float32)",
+        "    return (level > peak / 2).astype(np.float32)",
+        "    return (level >= (peak - 1) / 2).astype(np.float32)",
         (
             f"{BOUNDS}::test_mask_file_127_is_kept_and_128_is_a_hole",
             f"{BOUNDS}::test_mask_folder_127_is_kept_and_128_is_a_hole",
+            f"{BOUNDS}::test_inpainter_mask_127_is_kept_and_128_is_a_hole",
         ),
-    ),
-    Mutant(
-        "array_mask_threshold_ge_127",
-        "core/processing.py",
-        "        return (arr > peak / 2).astype(np.float32)\n    if _is_high_bit(img):",
-        "        return (arr >= (peak - 1) / 2).astype(np.float32)\n    if _is_high_bit(img):",
-        (f"{BOUNDS}::test_inpainter_mask_127_is_kept_and_128_is_a_hole",),
     ),
     Mutant(
         "alpha_threshold_lt_127",
@@ -287,7 +281,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "zero_one_mask_png_ignored",
         "core/processing.py",
-        "    if arr.size and arr.max() == 1 and arr.min() >= 0:",
+        "    if colour.size and integer and values.max() == 1 and values.min() >= 0:",
         "    if False:",
         (f"{BOUNDS}::test_zero_one_mask_png_is_read_as_a_zero_one_mask_inpainter",),
     ),

@@ -131,6 +131,20 @@ def find_eval_images(data: str | Path, count: int | None = None) -> list[Path]:
     return paths[:count] if count else paths
 
 
+GRID_FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP", ".bmp": "BMP", ".tif": "TIFF",
+                ".tiff": "TIFF"}  # fmt: skip
+
+
+def grid_format_for(grid: Path) -> str:
+    """The Pillow format the grid's file name asks for; another suffix is refused before any work."""
+    try:
+        return GRID_FORMATS[grid.suffix.lower()]
+    except KeyError:
+        raise InputError(
+            f"--grid {grid}: name a {', '.join(sorted(set(GRID_FORMATS)))} file (the suffix picks the format)"
+        ) from None
+
+
 def check_grid_outside_data(grid: Path, data: Path) -> None:
     """eval never writes into its data: a grid there would replace an input or be scored next time."""
     grid_at, data_at = grid.resolve(), data.resolve()
@@ -284,6 +298,7 @@ def evaluate(
         raise InputError(f"--masks must be one of {', '.join(MASK_KINDS)}, got {masks!r}")
     grid_path = Path(grid) if grid is not None else None
     if grid_path is not None:
+        grid_format = grid_format_for(grid_path)
         check_grid_outside_data(grid_path, Path(data))
         if grid_path.exists() and not overwrite:
             raise InputError(f"{grid_path} exists (use --overwrite, or another --grid)")
@@ -325,8 +340,14 @@ def evaluate(
         picture = comparison_grid(grid_items, columns)
         mark = PngInfo()
         mark.add_text(*GRID_MARK)
+        # The format the name says; PNG carries the mark, WebP is written losslessly, JPEG at quality 95.
+        extra: dict[str, Any] = {"PNG": {"pnginfo": mark}, "WEBP": {"lossless": True}, "JPEG": {"quality": 95}}.get(
+            grid_format, {}
+        )
         atomic_save(
-            grid_path, lambda tmp: Image.fromarray(picture).save(tmp, format="PNG", pnginfo=mark), overwrite=overwrite
+            grid_path,
+            lambda tmp: Image.fromarray(picture).save(tmp, format=grid_format, **extra),
+            overwrite=overwrite,
         )
     settings = {
         "data": str(data),
