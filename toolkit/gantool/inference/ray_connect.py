@@ -18,6 +18,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -108,22 +109,32 @@ def connect(ray: Any, address: str | None, timeout: float) -> None:
         if not address:
             ray.init(include_dashboard=False, logging_level=logging.WARNING)
             return
+        deadline = time.monotonic() + timeout
         check_reachable(address, timeout)
-        # The port answers, but Ray may still retry for minutes (not a Ray port, a version
-        # mismatch): a timer interrupts the main thread's wait after ``timeout``.
+        # The port answers, but Ray may still retry (not a Ray port, a version mismatch): a timer
+        # interrupts the main thread at the deadline. Ray waits for the GCS inside C++ calls that
+        # Python cannot interrupt, so such a port fails after Ray's own wait (about 40 s here).
         timer = None
+        connected = threading.Event()
+
+        def interrupt() -> None:
+            if not connected.is_set():
+                _thread.interrupt_main()
+
         if threading.current_thread() is threading.main_thread():
-            timer = threading.Timer(timeout, _thread.interrupt_main)
+            timer = threading.Timer(max(0.1, deadline - time.monotonic()), interrupt)
             timer.daemon = True
             timer.start()
         try:
             ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+            connected.set()
         except KeyboardInterrupt:
             with contextlib.suppress(Exception):
                 ray.shutdown()
             if timer is not None and not timer.is_alive():
                 raise InputError(
-                    f"the Ray cluster at {address} did not accept the connection within {timeout:g} s"
+                    f"no Ray cluster answered at {address}: the port accepts connections but Ray's handshake "
+                    "failed (is it the head node's GCS port, 6379 by default?)"
                 ) from None
             raise
         except Exception as e:  # Ray's ConnectionError, RuntimeError, gRPC errors: one line, the cause kept
