@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -18,7 +18,7 @@ from gantool.core.constants import RAY_MANIFEST_NAME
 from gantool.core.errors import InputError
 from gantool.core.fileio import ensure_writable_dir
 from gantool.core.processing import IMAGE_EXTENSIONS
-from gantool.inference.pipeline import FileResult, ImageJob
+from gantool.inference.pipeline import FileResult, ImageJob, written
 
 MANIFEST_NAME = RAY_MANIFEST_NAME
 
@@ -76,3 +76,41 @@ class Manifest:
         os.fsync(self.file.fileno())
         self.file.close()
         os.replace(self.tmp, self.path)
+
+
+def wind_down(
+    ray: Any,
+    started_here: bool,
+    book: Manifest | None,
+    todo: Sequence[ImageJob],
+    reported: set[str],
+    begun: float,
+    overwrite: bool,
+    missing_cause: str,
+    record: Callable[[FileResult, str | None, str | None, float | None], None],
+) -> None:
+    """Stop Ray, then record every file not reported yet in its true state, and close the manifest."""
+    try:
+        if started_here:
+            ray.shutdown()  # no worker writes after this: what exists now is the truth
+    finally:
+        if book is not None:
+            for job in todo:
+                if str(job.source) in reported:
+                    continue
+                if finished_by_this_run(job, begun, overwrite):
+                    record(written(job), None, None, None)  # its row never reached the driver
+                else:
+                    record(FileResult(job.source, error=f"{job.source}: {missing_cause}"), None, None, None)
+            book.close()
+
+
+def finished_by_this_run(job: ImageJob, begun: float, overwrite: bool) -> bool:
+    """Whether a worker wrote ``job``'s output in this run (outputs are renamed into place whole)."""
+    try:
+        mtime = job.output.stat().st_mtime
+    except OSError:
+        return False
+    # Without --overwrite the output did not exist when the run was planned; with it, only a
+    # file newer than the run's start is this run's.
+    return not overwrite or mtime >= begun - 1.0

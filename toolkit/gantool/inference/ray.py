@@ -50,7 +50,7 @@ from gantool.core.constants import (
 )
 from gantool.core.errors import InputError, check_choice, first_line
 from gantool.core.processing import allow_pixels, check_blend
-from gantool.inference.manifest import Manifest, check_manifest_target, default_manifest, manifest_status
+from gantool.inference.manifest import Manifest, check_manifest_target, default_manifest, manifest_status, wind_down
 from gantool.inference.pipeline import (
     FILE_ERRORS,
     FileResult,
@@ -72,7 +72,15 @@ from gantool.inference.pipeline import (
     skipped,
     written,
 )
-from gantool.inference.ray_connect import FolderLock, Terminated, connect, quiet_logger, sigterm_as_interrupt
+from gantool.inference.ray_connect import (
+    FolderLock,
+    Terminated,
+    check_reachable,
+    connect,
+    quiet_logger,
+    shielded,
+    sigterm_as_interrupt,
+)
 
 log = logging.getLogger(__name__)
 
@@ -384,6 +392,8 @@ def ray_inpaint(
     manifest_path = Path(manifest).expanduser() if manifest is not None else default_manifest(jobs, output)
     check_manifest_target(manifest_path)
     ray = import_ray()
+    if address:  # also when this process's Ray is up: a wrong address is a mistake either way
+        check_reachable(address, timeout)
     lock = FolderLock([manifest_path.parent, default_manifest(jobs, output).parent])
     try:
         with sigterm_as_interrupt():
@@ -495,34 +505,12 @@ def _run(
         interrupted = e
         missing_cause = f"not processed: interrupted ({'SIGTERM' if isinstance(e, Terminated) else 'SIGINT'})"
     finally:
-        try:
-            if started_here:
-                ray.shutdown()  # no worker writes after this: what exists now is the truth
-        finally:
-            if book is not None:
-                for job in todo:
-                    if str(job.source) in reported:
-                        continue
-                    if _finished_by_this_run(job, begun, overwrite):
-                        record(written(job), None, None, None)  # its row never reached the driver
-                    else:
-                        record(FileResult(job.source, error=f"{job.source}: {missing_cause}"), None, None, None)
-                book.close()
+        with shielded():
+            wind_down(ray, started_here, book, todo, reported, begun, overwrite, missing_cause, record)
     if interrupted is not None:
         raise interrupted
     summary.seconds = time.perf_counter() - start
     return summary
-
-
-def _finished_by_this_run(job: ImageJob, begun: float, overwrite: bool) -> bool:
-    """Whether a worker wrote ``job``'s output in this run (outputs are renamed into place whole)."""
-    try:
-        mtime = job.output.stat().st_mtime
-    except OSError:
-        return False
-    # Without --overwrite the output did not exist when the run was planned; with it, only a
-    # file newer than the run's start is this run's.
-    return not overwrite or mtime >= begun - 1.0
 
 
 def _execute(

@@ -37,13 +37,17 @@ class Terminated(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises :class:`Terminated` in the main thread while the run is on (elsewhere: untouched)."""
+    """SIGTERM raises :class:`Terminated` in the main thread while the run is on (elsewhere:
+    untouched). Only the first: a repeated SIGTERM must not cut the manifest's completion short."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    raised: list[int] = []
 
     def handler(signum: int, frame: Any) -> None:
-        raise Terminated(signum)
+        if not raised:
+            raised.append(signum)
+            raise Terminated(signum)
 
     previous = signal.signal(signal.SIGTERM, handler)
     try:
@@ -109,8 +113,7 @@ def connect(ray: Any, address: str | None, timeout: float) -> None:
         if not address:
             ray.init(include_dashboard=False, logging_level=logging.WARNING)
             return
-        deadline = time.monotonic() + timeout
-        check_reachable(address, timeout)
+        deadline = time.monotonic() + timeout  # the caller probed the address (check_reachable) first
         # The port answers, but Ray may still retry (not a Ray port, a version mismatch): a timer
         # interrupts the main thread at the deadline. Ray waits for the GCS inside C++ calls that
         # Python cannot interrupt, so such a port fails after Ray's own wait (about 40 s here).
@@ -186,3 +189,17 @@ def quiet_logger(name: str, drop: logging.Filter | None = None) -> Iterator[None
         logger.setLevel(level)
         if drop is not None:
             logger.removeFilter(drop)
+
+
+@contextlib.contextmanager
+def shielded() -> Iterator[None]:
+    """Ctrl-C held off (main thread) while the manifest is completed: a second Ctrl-C during the
+    wind-down would otherwise leave it half-written. The wind-down is short (Ray's shutdown)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

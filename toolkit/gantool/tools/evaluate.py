@@ -341,9 +341,9 @@ def evaluate(
         mark = PngInfo()
         mark.add_text(*GRID_MARK)
         # The format the name says; PNG carries the mark, WebP is written losslessly, JPEG at quality 95.
-        extra: dict[str, Any] = {"PNG": {"pnginfo": mark}, "WEBP": {"lossless": True}, "JPEG": {"quality": 95}}.get(
-            grid_format, {}
-        )
+        options: dict[str, dict[str, Any]] = {"PNG": {"pnginfo": mark}, "WEBP": {"lossless": True},
+                                              "JPEG": {"quality": 95}}  # fmt: skip
+        extra = options.get(grid_format, {})
         atomic_save(
             grid_path,
             lambda tmp: Image.fromarray(picture).save(tmp, format=grid_format, **extra),
