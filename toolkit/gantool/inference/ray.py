@@ -396,11 +396,10 @@ def ray_inpaint(
         check_reachable(address, timeout)
     lock = FolderLock([manifest_path.parent, default_manifest(jobs, output).parent])
     try:
-        with sigterm_as_interrupt():
-            return _run(ray, jobs, masks, model_path, manifest_path, address, timeout, actors, gpus_per_actor,
-                        on_start, on_result, provider=provider, backend_name=backend_name, precision=precision,
-                        boxes=boxes, strategy=strategy, batch_size=batch_size, crop_margin=crop_margin, blend=blend,
-                        overwrite=overwrite, skip_existing=skip_existing, max_pixels=max_pixels)  # fmt: skip
+        return _run(ray, jobs, masks, model_path, manifest_path, address, timeout, actors, gpus_per_actor,
+                    on_start, on_result, provider=provider, backend_name=backend_name, precision=precision,
+                    boxes=boxes, strategy=strategy, batch_size=batch_size, crop_margin=crop_margin, blend=blend,
+                    overwrite=overwrite, skip_existing=skip_existing, max_pixels=max_pixels)  # fmt: skip
     finally:
         lock.release()
 
@@ -448,6 +447,10 @@ def _run(
     started_here = not ray.is_initialized()
     if started_here:
         connect(ray, address, timeout)
+    # After ray.init, which installs Ray's own SIGTERM handler in the driver (it would end the
+    # run as a failed Ray job, with a manifest of false failures).
+    signals = contextlib.ExitStack()
+    signals.enter_context(sigterm_as_interrupt())
     book: Manifest | None = None
     reported: set[str] = set()
     missing_cause = "not processed: its batch failed in Ray (see the log above)"
@@ -507,6 +510,7 @@ def _run(
     finally:
         with shielded():
             wind_down(ray, started_here, book, todo, reported, begun, overwrite, missing_cause, record)
+        signals.close()
     if interrupted is not None:
         raise interrupted
     summary.seconds = time.perf_counter() - start

@@ -50,10 +50,12 @@ def sigterm_as_interrupt() -> Iterator[None]:
             raise Terminated(signum)
 
     previous = signal.signal(signal.SIGTERM, handler)
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C: KeyboardInterrupt
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 def _split_address(address: str) -> tuple[str, int] | None:
