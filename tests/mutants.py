@@ -306,7 +306,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "alpha_only_mask_ignored",
         "core/processing.py",
-        "        level = values[..., -1] if not colour.any() else level * opacity",
+        "        level = values[..., -1] if alpha_only else level * opacity",
         "        level = level * opacity",
         (f"{INPUTS}::test_a_mask_file_a_pil_image_and_an_array_give_the_same_holes",),
     ),

@@ -80,6 +80,9 @@ def test_arrays_follow_their_dtypes_range() -> None:
     assert mask_to_array(np.array([[False, True]]))[0].tolist() == [0, 1]
     with pytest.raises(InputError, match="H x W"):
         mask_to_array(np.zeros((2, 2, 5), np.uint8))
+    opaque_black = np.zeros((4, 4, 4), np.uint8)
+    opaque_black[..., 3] = 255  # an RGBA mask with nothing painted: no hole, not all hole
+    assert not mask_to_array(opaque_black).any() and not mask_to_array(Image.fromarray(opaque_black)).any()
 
 
 # ---------------------------------------------------------------- animated images

@@ -302,8 +302,9 @@ def mask_to_array(img: Image.Image | np.ndarray) -> np.ndarray:
       16-bit and 32-bit integer images, 1 for float images; it is a hole above half
       of that range (> 127 for 8-bit);
     - with an alpha channel the value is multiplied by the opacity (a mask painted
-      on a transparent layer), and when every colour channel is 0 the alpha alone
-      is the mask (an alpha-only mask: opaque = hole);
+      on a transparent layer), and when every colour channel is 0 and the alpha
+      varies, the alpha alone is the mask (an alpha-only mask: opaque = hole; an
+      opaque black mask has no hole);
     - an integer mask whose maximum is 1 is a 0/1 mask (1 = hole).
 
     Arrays: H x W (grey), H x W x 2 (grey + alpha), x 3 (RGB), x 4 (RGBA); uint8 and
@@ -354,7 +355,8 @@ def _mask_from_channels(channels: np.ndarray, peak: float, alpha: bool, integer:
     level = colour.max(axis=2) if colour.shape[2] else np.zeros(values.shape[:2], np.float32)
     if alpha:
         opacity = values[..., -1] / peak
-        level = values[..., -1] if not colour.any() else level * opacity
+        alpha_only = not colour.any() and values[..., -1].min() < values[..., -1].max()
+        level = values[..., -1] if alpha_only else level * opacity
     return (level > peak / 2).astype(np.float32)
 
 
