@@ -55,6 +55,8 @@ LOOP = "test_training_loop.py"
 ATOMIC = "test_atomicity.py"
 PARITY = "test_parity.py"
 STALE = "test_nothing_stale.py"
+INPUTS = "test_inpaint_inputs.py"
+RAYS = "test_ray_inpaint.py"
 
 MUTANTS: list[Mutant] = [
     # ---------------------------------------------------------------- loss targets and weights
@@ -133,19 +135,13 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "mask_threshold_ge_127",
         "core/processing.py",
-        "return zero_one if zero_one is not None else (grey > 127).astype(np.float32)",
-        "return zero_one if zero_one is not None else (grey >= 127).astype(np.float32)",
+        "    return (level > peak / 2).astype(np.float32)",
+        "    return (level >= (peak - 1) / 2).astype(np.float32)",
         (
             f"{BOUNDS}::test_mask_file_127_is_kept_and_128_is_a_hole",
             f"{BOUNDS}::test_mask_folder_127_is_kept_and_128_is_a_hole",
+            f"{BOUNDS}::test_inpainter_mask_127_is_kept_and_128_is_a_hole",
         ),
-    ),
-    Mutant(
-        "array_mask_threshold_ge_127",
-        "core/processing.py",
-        "        return (arr > peak / 2).astype(np.float32)\n    if _is_high_bit(img):",
-        "        return (arr >= (peak - 1) / 2).astype(np.float32)\n    if _is_high_bit(img):",
-        (f"{BOUNDS}::test_inpainter_mask_127_is_kept_and_128_is_a_hole",),
     ),
     Mutant(
         "alpha_threshold_lt_127",
@@ -387,7 +383,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "zero_one_mask_png_ignored",
         "core/processing.py",
-        "    if arr.size and arr.max() == 1 and arr.min() >= 0:",
+        "    if colour.size and integer and values.max() == 1 and values.min() >= 0:",
         "    if False:",
         (f"{BOUNDS}::test_zero_one_mask_png_is_read_as_a_zero_one_mask_inpainter",),
     ),
@@ -494,6 +490,163 @@ MUTANTS: list[Mutant] = [
         ("test_train_faults.py::test_a_truncated_jpeg_is_warned_about_once_and_a_held_out_one_is_not_replaced",),
     ),
 
+    # ------------------------------------------------ the same input means the same thing (issue #23)
+    Mutant(
+        "mask_colour_by_luma",
+        "core/processing.py",
+        "    level = colour.max(axis=2) if colour.shape[2] else np.zeros(values.shape[:2], np.float32)",
+        "    level = colour.mean(axis=2) if colour.shape[2] else np.zeros(values.shape[:2], np.float32)",
+        (f"{INPUTS}::test_a_mask_file_a_pil_image_and_an_array_give_the_same_holes",),
+        why="a red hole is no hole in a file but one in an array",
+    ),
+    Mutant(
+        "alpha_only_mask_ignored",
+        "core/processing.py",
+        "        level = values[..., -1] if alpha_only else level * opacity",
+        "        level = level * opacity",
+        (f"{INPUTS}::test_a_mask_file_a_pil_image_and_an_array_give_the_same_holes",),
+    ),
+    Mutant(
+        "animated_image_first_frame",
+        "core/processing.py",
+        "                if frames > 1:",
+        "                if False:",
+        (f"{INPUTS}::test_an_animated_gif_is_refused_in_one_line",),
+    ),
+    Mutant(
+        "icc_profile_dropped",
+        "inference/inpainter.py",
+        "    return keep_colour_profile(image, output_array_to_image(known, mode))",
+        "    return output_array_to_image(known, mode)",
+        (f"{INPUTS}::test_an_icc_profile_is_kept_in_the_output",),
+    ),
+    Mutant(
+        "output_jpg_becomes_a_folder",
+        "inference/pipeline.py",
+        "    if out is not None and out.suffix.lower() in NOT_PNG_IMAGE_SUFFIXES and not out.is_dir():",
+        "    if False:",
+        (f"{INPUTS}::test_an_output_named_in_another_image_format_is_refused",),
+    ),
+    Mutant(
+        "skip_existing_ignored_locally",
+        "inference/pipeline.py",
+        "            if already_done(job, skip_existing, protected):\n                failed.append(skipped(job))",
+        "            if False:\n                failed.append(skipped(job))",
+        (f"{INPUTS}::test_skip_existing_resumes_a_folder_run",),
+    ),
+    Mutant(
+        "resumed_run_with_nothing_left_exits_1",
+        "inference/pipeline.py",
+        "        return self.failed == 0 and (self.inpainted > 0 or self.skipped > 0)",
+        "        return self.failed == 0 and self.inpainted > 0",
+        (f"{INPUTS}::test_skip_existing_resumes_a_folder_run",),
+    ),
+    Mutant(
+        "empty_array_reaches_numpy",
+        "inference/inpainter.py",
+        "        _check_not_empty(obj.shape[1], obj.shape[0], what)",
+        "        pass",
+        (f"{INPUTS}::test_an_empty_array_is_one_clear_error",),
+    ),
+    Mutant(
+        "bomb_limit_without_a_way_on",
+        "core/processing.py",
+        '            "if you trust the file, raise the limit with --max-pixels N (max_pixels= in Python)"',
+        '            ""',
+        (f"{INPUTS}::test_a_huge_image_over_pillows_limit_says_how_to_proceed",),
+    ),
+    Mutant(
+        "max_pixels_not_applied",
+        "core/processing.py",
+        "        Image.MAX_IMAGE_PIXELS = (count + 1) // 2",
+        "        pass",
+        (f"{INPUTS}::test_a_huge_image_over_pillows_limit_says_how_to_proceed",),
+    ),
+    Mutant(
+        "bench_json_infinity",
+        "tools/bench_inpaint.py",
+        "        return value if np.isfinite(value) else None",
+        "        return value",
+        ("test_bench.py::test_json_output_is_strict_json",),
+    ),
+    Mutant(
+        "bench_e2e_size_unchecked",
+        "tools/bench_inpaint.py",
+        "    if e2e_images and e2e_size < 4:",
+        "    if False:",
+        ("test_bench.py::test_option_faults_are_one_line_and_only_error_rows_exit_1",),
+    ),
+    Mutant(
+        "bench_error_rows_only_exit_0",
+        "cli/bench_cmd.py",
+        '    if not result["measured_rows"]:\n        raise click.ClickException(nothing)\n    click.echo(',
+        '    if False:\n        raise click.ClickException(nothing)\n    click.echo(',
+        ("test_bench.py::test_option_faults_are_one_line_and_only_error_rows_exit_1",),
+    ),
+    Mutant(
+        "bench_unknown_provider_accepted",
+        "tools/bench_inpaint.py",
+        '        check_choice("provider", p, PROVIDERS)',
+        "        pass",
+        ("test_bench.py::test_option_faults_are_one_line_and_only_error_rows_exit_1",),
+    ),
+    Mutant(
+        "eval_grid_always_png",
+        "tools/evaluate.py",
+        "lambda tmp: Image.fromarray(picture).save(tmp, format=grid_format, **extra)",
+        'lambda tmp: Image.fromarray(picture).save(tmp, format="PNG", pnginfo=mark)',
+        ("test_eval.py::test_the_grid_is_written_in_the_format_its_name_says",),
+    ),
+    Mutant(
+        "ray_address_not_probed",
+        "inference/ray.py",
+        "        check_reachable(address, timeout)\n",
+        "        pass\n",
+        (f"{RAYS}::test_an_unreachable_ray_address_fails_within_the_timeout_in_one_line",),
+        ci=False,
+        why="Ray retries a closed port for minutes",
+    ),
+    Mutant(
+        "ray_output_folder_not_locked",
+        "inference/ray_connect.py",
+        "                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)",
+        "                pass",
+        (f"{RAYS}::test_a_second_run_on_a_locked_output_folder_is_refused",),
+        ci=False,
+    ),
+    Mutant(
+        "ray_empty_temp_folder_left",
+        "inference/ray.py",
+        "        with contextlib.suppress(OSError):  # not empty: another chunk of this run is in progress here\n"
+        "            self.tries_dir.rmdir()",
+        "        pass",
+        (f"{RAYS}::test_no_empty_ray_temp_folders_are_left",),
+        ci=False,
+    ),
+    Mutant(
+        "ray_skip_existing_ignored",
+        "inference/ray.py",
+        "        if already_done(job, skip_existing, protected):",
+        "        if False:",
+        (f"{RAYS}::test_cli_ray_flag",),
+        ci=False,
+    ),
+    Mutant(
+        "ray_manifest_calls_written_files_not_processed",
+        "inference/manifest.py",
+        "                if finished_by_this_run(job, begun, overwrite):",
+        "                if False:",
+        (f"{RAYS}::test_after_a_signal_the_manifest_lists_every_input_once_in_its_true_state",),
+        ci=False,
+    ),
+    Mutant(
+        "ray_sigterm_not_handled",
+        "inference/ray_connect.py",
+        "    previous = signal.signal(signal.SIGTERM, handler)",
+        "    previous = signal.getsignal(signal.SIGTERM)",
+        (f"{RAYS}::test_after_a_signal_the_manifest_lists_every_input_once_in_its_true_state",),
+        ci=False,
+    ),
 ]
 
 

@@ -218,3 +218,40 @@ def test_cuda_rows_on_a_gpu_machine(exported_model):
     rows = bench_inpaint(exported_model.folder, sizes=[32], batches=[1], backends=["onnx"], providers=["cuda"],
                          repeats=1, warmup=1, e2e_images=0, crop_check=False, blend_check=False)["rows"]
     assert rows[0].get("provider") == "CUDAExecutionProvider", rows[0]
+
+
+def _strict(text: str):
+    """json.loads that rejects Infinity and NaN, as strict parsers (JSON.parse, jq, serde) do."""
+
+    def refuse(name: str):
+        raise ValueError(f"not strict JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_output_is_strict_json(exported_model):
+    # Before the fix: eager against the eager reference has an infinite hole PSNR, printed as Infinity.
+    args = ["bench", "inpaint", str(exported_model.folder), "--sizes", "32", "--batch", "1", "--backends", "eager",
+            "--providers", "cpu", "--repeats", "1", "--warmup", "0", "--e2e-images", "0", "--no-crop-check",
+            "--no-blend-check", "--json"]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    row = _strict(result.output)["rows"][0]
+    assert row["psnr_hole_vs_fp32"] is None and row["passes_gate"] is True  # identical: infinite PSNR
+
+
+def test_option_faults_are_one_line_and_only_error_rows_exit_1(exported_model):
+    base = ["bench", "inpaint", str(exported_model.folder), "--batch", "1", "--backends", "onnx", "--repeats", "1",
+            "--warmup", "0", "--no-crop-check", "--no-blend-check"]  # fmt: skip
+    # Before the fix: ValueError: cannot write empty image (a traceback).
+    result = CliRunner().invoke(cli, [*base, "--sizes", "32", "--providers", "cpu", "--e2e-size", "0"])
+    assert result.exit_code == 1 and "--e2e-size must be at least 4 px" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    # Before the fix: exit 0 with a table of error rows only.
+    result = CliRunner().invoke(cli, [*base, "--sizes", "32", "--providers", "gpu", "--e2e-images", "0"])
+    assert result.exit_code == 1 and "gpu" in result.output.splitlines()[-1]
+    result = CliRunner().invoke(cli, [*base, "--sizes", "30", "--providers", "cpu", "--e2e-images", "0"])
+    assert result.exit_code == 1 and "size must be a multiple of 4" in result.output
+    assert result.output.strip().splitlines()[-1] == "Error: no row could be measured: every one failed (see its error)"
+    result = CliRunner().invoke(cli, [*base, "--sizes", "30", "--providers", "cpu", "--e2e-images", "0", "--json"])
+    assert result.exit_code == 1 and _strict(result.output.split("\nError:")[0])["measured_rows"] == 0

@@ -299,3 +299,19 @@ def test_infinite_psnr_is_shown_as_inf_and_not_ranked_best():
     assert "**30.00**" in gantool_row
     data = EvalResult({}, ["a.png"], per_image).to_dict()
     assert data["mean"]["mean"]["psnr"] == "inf"
+
+
+def test_the_grid_is_written_in_the_format_its_name_says(exported_model, image_folder: Path, tmp_path: Path):
+    # Before the fix: --grid out.jpg held PNG bytes.
+    runner = CliRunner()
+    base = ["eval", str(exported_model.onnx), "--data", str(image_folder), "--size", "32", "--count", "1",
+            "--blend", "none"]  # fmt: skip
+    for name, magic in (("out.jpg", b"\xff\xd8\xff"), ("out.webp", b"RIFF")):
+        result = runner.invoke(cli, [*base, "--grid", str(tmp_path / name)])
+        assert result.exit_code == 0, result.output
+        assert (tmp_path / name).read_bytes().startswith(magic)
+    with Image.open(tmp_path / "out.jpg") as grid:
+        assert grid.format == "JPEG"
+    result = runner.invoke(cli, [*base, "--grid", str(tmp_path / "out.gif")])  # refused before any work
+    assert result.exit_code == 1 and "--grid" in result.output and "the suffix picks the format" in result.output
+    assert not (tmp_path / "out.gif").exists()

@@ -262,7 +262,7 @@ def test_overwrite_needs_the_flag_and_inputs_are_never_overwritten(
     out = image.with_name("photo.inpainted.png")
     out.write_bytes(b"user data")
     result = invoke(image, "--mask", mask, "--model", exported_model.folder)
-    assert result.exit_code == 1 and "exists (use --overwrite)" in result.output
+    assert result.exit_code == 1 and "exists (use --overwrite to replace it" in result.output
     assert out.read_bytes() == b"user data"
     result = invoke(image, "--mask", mask, "--model", exported_model.folder, "--overwrite")
     assert result.exit_code == 0, result.output

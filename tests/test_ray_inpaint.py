@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
+import socket
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +29,7 @@ from gantool.core.constants import RAY_MANIFEST_NAME
 from gantool.core.errors import InputError
 from gantool.inference.pipeline import FileResult, run_inpaint
 from gantool.inference.ray import DIE_ON_ENV, plan_actors, ray_inpaint
+from gantool.inference.ray_connect import FolderLock
 from gantool.runtime.backends import load_backend
 from inpaint_helpers import ExportedModel, box_mask_image, textured_rgb
 
@@ -138,7 +143,7 @@ def test_manifest_records_every_input_and_a_rerun_resumes(
         with Image.open(path) as img:
             img.load()
 
-    summary = ray_run(exported_model, [folder], out, mask=masks, batch_size=1)  # the same command again
+    summary = ray_run(exported_model, [folder], out, mask=masks, batch_size=1, skip_existing=True)  # resume
     second = manifest_of(out / RAY_MANIFEST_NAME)
     by_input = {Path(e["input"]).name: e for e in second}
     assert sorted(by_input) == ["a.png", "b.png", "broken.png", "c.png", "d.png", "e.png"]
@@ -196,8 +201,11 @@ def test_cli_ray_flag(ray_cluster: Any, exported_model: ExportedModel, tmp_path:
     assert "ray: Ray cluster at" in result.output and "1 actor(s)" in result.output
     assert "1 inpainted, 0 failed" in result.output and (out / "x.inpainted.png").is_file()
     assert (out / RAY_MANIFEST_NAME).is_file()
-    result = CliRunner().invoke(cli, args)
+    result = CliRunner().invoke(cli, args)  # as without --ray: an existing output fails, exit 1
+    assert result.exit_code == 1 and "exists (use --overwrite to replace it, or --skip-existing" in result.output
+    result = CliRunner().invoke(cli, [*args, "--skip-existing"])
     assert result.exit_code == 0 and "skipping 1 input(s) whose output exists" in result.output
+    assert "0 inpainted, 0 failed, 1 skipped (output exists)" in result.output
     # more actors than the cluster has CPUs: one line, not a wait forever
     result = CliRunner().invoke(cli, [*args, "--actors", "3", "--overwrite"])
     assert result.exit_code == 1 and "3 actors need one CPU each; the Ray cluster has 2" in result.output
@@ -271,3 +279,132 @@ def test_a_ray_run_shows_no_deprecation_warning(
     assert summary.inpainted == 1
     deprecations = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
     assert deprecations == []
+
+
+# ------------------------------------------------------------- failing fast, locks
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize("kind", ["closed port", "unknown host", "ray client",
+                                  pytest.param("unroutable", marks=pytest.mark.slow)])  # fmt: skip
+def test_an_unreachable_ray_address_fails_within_the_timeout_in_one_line(
+    exported_model: ExportedModel, tmp_path: Path, kind: str
+) -> None:
+    # Before the fix: a closed port or an unknown host was still retrying after 5 minutes; an
+    # unroutable or ray:// address ended in a 60-80-line traceback after 20-30 s.
+    address = {
+        "closed port": f"127.0.0.1:{_closed_port()}",
+        "unknown host": "no-such-host.invalid:6379",
+        "unroutable": "10.255.255.1:6379",
+        "ray client": f"ray://127.0.0.1:{_closed_port()}",
+    }[kind]
+    image = tmp_path / "x.png"
+    rgba_with_hole(24, 28, 5).save(image)
+    start = time.monotonic()
+    result = CliRunner().invoke(cli, ["inpaint", str(image), "--ray", "--ray-address", address, "--ray-timeout", "2",
+                                      "--model", str(exported_model.folder), "--provider", "cpu"])  # fmt: skip
+    took = time.monotonic() - start
+    assert result.exit_code == 1, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("Error: ") and address in last, result.output
+    assert "Traceback" not in result.output
+    if kind == "unroutable" and "no Ray cluster answered" in last:
+        # A sandbox's proxy may accept any TCP connection: then Ray's own wait for its handshake ends it.
+        assert took < 2 + 60
+    else:
+        assert last.startswith(f"Error: cannot reach the Ray cluster at {address}"), result.output
+        assert took < 2 + 5  # the timeout, plus slack for a loaded machine
+    assert not (tmp_path / "x.inpainted.png").exists()
+
+
+@pytest.mark.slow
+def test_a_port_that_answers_but_is_not_ray_fails_in_one_line(exported_model: ExportedModel, tmp_path: Path) -> None:
+    image = tmp_path / "x.png"
+    rgba_with_hole(24, 28, 5).save(image)
+    with socket.socket() as listener:  # accepts TCP connections, never speaks Ray's protocol
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        start = time.monotonic()
+        with pytest.raises(InputError, match=f"no Ray cluster answered at {address}: the port accepts"):
+            ray_run(exported_model, [image], tmp_path / "out", address=address, timeout=3)
+        assert time.monotonic() - start < 3 + 60  # Ray's own wait for the handshake, which Python cannot cut short
+
+
+def test_a_second_run_on_a_locked_output_folder_is_refused(
+    exported_model: ExportedModel, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    # Before the fix: two runs on one folder both ran, computed files twice and left a manifest of false failures.
+    image, out = tmp_path / "x.png", tmp_path / "out"
+    rgba_with_hole(24, 28, 5).save(image)
+    out.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from gantool.inference.ray_connect import FolderLock; FolderLock([Path(sys.argv[1])]); "
+         "print('locked', flush=True); time.sleep(120)", str(out)],
+        env=subprocess_env, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == b"locked"
+        with pytest.raises(InputError, match=f"{out} is in use by another gantool inpaint --ray run"):
+            ray_run(exported_model, [image], out)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not list(out.iterdir())  # refused before anything was written
+    FolderLock([out]).release()  # the lock ended with its process: nothing stale to clear
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_after_a_signal_the_manifest_lists_every_input_once_in_its_true_state(
+    exported_model: ExportedModel, tmp_path: Path, subprocess_env: dict[str, str], signum: int
+) -> None:
+    # Before the fix: after SIGTERM the manifest listed 112 of 200 inputs while 120 outputs existed;
+    # after Ctrl-C it called written files "not processed".
+    folder, out = tmp_path / "album", tmp_path / "out"
+    folder.mkdir()
+    for i in range(40):
+        Image.fromarray(textured_rgb(48, 48, i)).save(folder / f"{i:02d}.png")
+    args = [sys.executable, "-m", "gantool", "inpaint", str(folder), "--box", "8,8,20,20", "--ray", "-o", str(out),
+            "--model", str(exported_model.folder), "--provider", "cpu", "--backend", "onnx", "--batch-size", "1",
+            "--actors", "1"]  # fmt: skip
+    proc = subprocess.Popen(args, env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while len(list(out.glob("*.inpainted.png"))) < 3 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signum, stderr
+    assert "Traceback" not in stderr and "every input is in the manifest" in stderr
+    entries = manifest_of(out / RAY_MANIFEST_NAME)
+    assert sorted(Path(e["input"]).name for e in entries) == sorted(p.name for p in folder.iterdir())  # each once
+    written = {p.name.replace(".inpainted", "") for p in out.glob("*.inpainted.png")}
+    said_done = {Path(e["input"]).name for e in entries if e["status"] == "inpainted"}
+    assert said_done == written and 3 <= len(written) < 40
+    for entry in entries:
+        assert entry["status"] in ("inpainted", "failed")
+        if entry["status"] == "failed":
+            assert "not processed: interrupted" in entry["error"]
+    # resuming finishes the rest, and counts the done ones as skipped
+    proc = subprocess.run([*args, "--skip-existing"], env=subprocess_env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{40 - len(written)} inpainted, 0 failed, {len(written)} skipped (output exists)" in proc.stdout
+    assert len(list(out.glob("*.inpainted.png"))) == 40
+
+
+def test_no_empty_ray_temp_folders_are_left(ray_cluster: Any, exported_model: ExportedModel, tmp_path: Path) -> None:
+    # Before the fix: every run left an empty /tmp/ray/.../gantool/<run id>/.
+    folder, masks = mixed_album(tmp_path)
+    root = Path(ray.get_runtime_context().get_temp_dir()) / "gantool"
+    before = set(root.iterdir()) if root.is_dir() else set()
+    summary = ray_run(exported_model, [folder], tmp_path / "out", mask=masks, batch_size=2)
+    assert summary.inpainted == 5
+    after = set(root.iterdir()) if root.is_dir() else set()
+    assert after == before, after - before

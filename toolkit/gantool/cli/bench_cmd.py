@@ -168,10 +168,14 @@ def bench_inpaint(
         _bench_ray(model, as_json, actors, ray_address, options)
         return
     from gantool.tools.bench_inpaint import bench_inpaint as run
+    from gantool.tools.bench_inpaint import strict_json
 
     result = run(model, **options)
+    nothing = "no row could be measured: every one failed (see its error)"
     if as_json:
-        click.echo(json.dumps(result, indent=2))
+        click.echo(json.dumps(strict_json(result), indent=2, allow_nan=False))
+        if not result["measured_rows"]:
+            raise click.ClickException(nothing)
         return
     click.echo(
         f"inpaint benchmark: {result['model']}; torch {result['torch']}, {result['threads']} threads, "
@@ -181,6 +185,8 @@ def bench_inpaint(
     notes = sorted({row["note"] for row in result["rows"] if row.get("note")})
     for note in notes:
         click.echo(f"note: {note}")
+    if not result["measured_rows"]:
+        raise click.ClickException(nothing)
     click.echo(f"peak MB: {result['peak_memory']}")
     click.echo("gates: fp32 max abs <= 1e-3 against eager fp32; fp16 >= 40 dB, bf16 and int8 >= 35 dB hole PSNR")
     for key, best in result.get("fastest_passing", {}).items():

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from gantool.cli.options import backend_option, blend_option, precision_option, provider_option, strategy_option
-from gantool.core.constants import DEFAULT_INPAINT_BATCH, RAY_MANIFEST_NAME
+from gantool.core.constants import DEFAULT_INPAINT_BATCH, DEFAULT_RAY_TIMEOUT_S, RAY_MANIFEST_NAME
 from gantool.core.errors import InputError
 
 
@@ -74,16 +74,33 @@ def _parse_boxes(
 @precision_option
 @click.option("--overwrite", is_flag=True, help="Replace existing outputs (inputs are never replaced).")
 @click.option(
+    "--skip-existing",
+    is_flag=True,
+    help="Keep existing outputs and count them as skipped: resumes an interrupted run (with or without --ray).",
+)
+@click.option(
+    "--max-pixels",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Decode images of up to this many pixels. Default: Pillow's decompression-bomb limit (about 179 M, "
+    "refused above twice that).",
+)
+@click.option(
     "--ray",
     "use_ray",
     is_flag=True,
-    help='Run on a Ray cluster (Ray Data actor pool); needs pip install "gantool[ray]". '
-    "Re-running skips inputs whose output exists.",
+    help='Run on a Ray cluster (Ray Data actor pool); needs pip install "gantool[ray]".',
 )
 @click.option(
     "--ray-address",
     metavar="ADDR",
     help="With --ray: connect to this cluster (e.g. HEAD_IP:6379 or auto). Default: start a local one.",
+)
+@click.option(
+    "--ray-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help=f"With --ray-address: seconds to reach and join the cluster before failing [default: {DEFAULT_RAY_TIMEOUT_S:g}].",
 )
 @click.option(
     "--actors",
@@ -117,8 +134,11 @@ def inpaint(
     blend: str,
     precision: str,
     overwrite: bool,
+    skip_existing: bool,
+    max_pixels: int | None,
     use_ray: bool,
     ray_address: str | None,
+    ray_timeout: float | None,
     actors: int | None,
     gpus_per_actor: float | None,
     manifest: str | None,
@@ -134,8 +154,10 @@ def inpaint(
     With --ray the same outputs are made by a pool of Ray actors.
     Exit status 1 when a file failed or nothing was inpainted.
     """
-    ray_options = {"ray_address": ray_address, "actors": actors, "gpus_per_actor": gpus_per_actor,
-                   "manifest": manifest}  # fmt: skip
+    ray_options = {"ray_address": ray_address, "ray_timeout": ray_timeout, "actors": actors,
+                   "gpus_per_actor": gpus_per_actor, "manifest": manifest}  # fmt: skip
+    if overwrite and skip_existing:
+        raise click.UsageError("--overwrite and --skip-existing contradict each other: give one")
     if not use_ray:
         given = [f"--{name.replace('_', '-')}" for name, value in ray_options.items() if value is not None]
         if given:
@@ -143,8 +165,10 @@ def inpaint(
     else:
         _inpaint_on_ray(images, mask=mask, boxes=boxes, model=model, output=output, provider=provider,
                         backend_name=backend, batch_size=batch_size, strategy=strategy, crop_margin=crop_margin,
-                        precision=precision, blend=blend, overwrite=overwrite, address=ray_address, actors=actors,
-                        gpus_per_actor=gpus_per_actor, manifest=manifest)  # fmt: skip
+                        precision=precision, blend=blend, overwrite=overwrite, skip_existing=skip_existing,
+                        max_pixels=max_pixels, address=ray_address, actors=actors, gpus_per_actor=gpus_per_actor,
+                        manifest=manifest,
+                        **({"timeout": ray_timeout} if ray_timeout is not None else {}))  # fmt: skip
         return
     from tqdm import tqdm
 
@@ -165,7 +189,8 @@ def inpaint(
         summary = run_inpaint(
             images, model=model, provider=provider, backend_name=backend, precision=precision, mask=mask,
             boxes=boxes, output=output, strategy=strategy, batch_size=batch_size, crop_margin=crop_margin,
-            blend=blend, overwrite=overwrite, on_start=on_start, on_result=on_result,
+            blend=blend, overwrite=overwrite, skip_existing=skip_existing, max_pixels=max_pixels, on_start=on_start,
+            on_result=on_result,
         )  # fmt: skip
     if len(summary.results) == 1 and summary.results[0].inpainted:
         click.echo(f"wrote {summary.results[0].output}")
@@ -190,7 +215,7 @@ def _reporter(bar: Any) -> Callable[[Any], None]:
 def _inpaint_on_ray(images: tuple[str, ...], **options: Any) -> None:
     from tqdm import tqdm
 
-    from gantool.inference.ray import RayPlan, ray_inpaint
+    from gantool.inference.ray import RayPlan, Terminated, ray_inpaint
 
     with tqdm(total=0, unit="img", file=sys.stderr, disable=None, leave=False) as bar:
 
@@ -198,12 +223,18 @@ def _inpaint_on_ray(images: tuple[str, ...], **options: Any) -> None:
             gpus = f", {plan.gpus_per_actor:g} GPU each" if plan.gpus_per_actor else ""
             click.echo(f"ray: {plan.where}; {plan.actors} actor(s){gpus}, batch size {plan.batch_size}")
             if plan.skipped:
-                click.echo(f"skipping {len(plan.skipped)} input(s) whose output exists (use --overwrite to redo them)")
+                click.echo(f"skipping {len(plan.skipped)} input(s) whose output exists (--skip-existing)")
             bar.reset(total=len(plan.jobs))
 
         on_result = _reporter(bar)
 
-        summary = ray_inpaint(images, on_start=on_start, on_result=on_result, **options)
+        try:
+            summary = ray_inpaint(images, on_start=on_start, on_result=on_result, **options)
+        except KeyboardInterrupt as e:  # the manifest is complete: say where, and exit as the signal asks
+            signum = e.signum if isinstance(e, Terminated) else 2
+            click.echo(f"interrupted ({'SIGTERM' if signum == 15 else 'SIGINT'}): every input is in the manifest "
+                       "with its state; run again with --skip-existing to finish", err=True)  # fmt: skip
+            sys.exit(128 + signum)
     click.echo(summary.line())
-    if summary.failed or (summary.no_hole and not summary.inpainted):
+    if not summary.succeeded:
         click.get_current_context().exit(1)

@@ -68,6 +68,8 @@ DEFAULT_SERVE_MAX_PIXELS = 40_000_000
 SERVE_OUTPUT_FORMATS = ("png", "webp")
 # ``gantool inpaint --ray``: the run's JSON-lines record, in the output folder unless --manifest says.
 RAY_MANIFEST_NAME = "gantool-manifest.jsonl"
+# --ray-address: seconds to reach and join the cluster before failing in one line.
+DEFAULT_RAY_TIMEOUT_S = 30.0
 
 # `gantool eval`'s comparison grid, written beside the command (never inside --data).
 DEFAULT_EVAL_GRID = "eval_grid.png"

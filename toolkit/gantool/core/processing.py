@@ -17,7 +17,9 @@ threshold, padding and compositing are defined once:
 from __future__ import annotations
 
 import logging
+import struct
 import warnings
+import zlib
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -71,13 +73,41 @@ def save_png(image: Image.Image, target: str | Path | BinaryIO) -> None:
     8-bit RGB, RGBA and grey, and 16-bit grey, go through libpng (OpenCV) with
     the settings above; any other mode (or no OpenCV) through Pillow.
     """
+    icc = image.info.get("icc_profile")
     encoded = _encode_png_fast(image)
     if encoded is None:
-        image.save(target, format="PNG", compress_level=PNG_COMPRESS_LEVEL, compress_type=PNG_ZLIB_STRATEGY)
-    elif isinstance(target, (str, Path)):
+        extra = {"icc_profile": icc} if icc else {}
+        image.save(target, format="PNG", compress_level=PNG_COMPRESS_LEVEL, compress_type=PNG_ZLIB_STRATEGY, **extra)
+        return
+    if icc:
+        encoded = _with_icc_chunk(encoded, icc)
+    if isinstance(target, (str, Path)):
         Path(target).write_bytes(encoded)
     else:
         target.write(encoded)
+
+
+def _with_icc_chunk(png: bytes, icc: bytes) -> bytes:
+    """``png`` with an iCCP chunk (the colour profile) right after IHDR, where the PNG spec puts it."""
+    body = b"iCCP" + b"ICC Profile\0\0" + zlib.compress(icc)  # name, NUL, compression method 0
+    chunk = struct.pack(">I", len(body) - 4) + body + struct.pack(">I", zlib.crc32(body))
+    ihdr_end = 8 + 4 + 4 + 13 + 4  # signature, then IHDR's length, type, 13 bytes of data, CRC
+    return png[:ihdr_end] + chunk + png[ihdr_end:]
+
+
+def keep_colour_profile(source: Image.Image, result: Image.Image) -> Image.Image:
+    """``result`` carrying ``source``'s ICC profile when the profile still describes its pixels:
+    an RGB or grey source written in its own family (a CMYK profile does not fit RGB output)."""
+    icc = source.info.get("icc_profile")
+    same_family = (source.mode in _RGB_FAMILY and result.mode == "RGB") or (
+        source.mode not in _RGB_FAMILY and output_mode(source) == result.mode and source.mode != "CMYK"
+    )
+    if icc and same_family:
+        result.info["icc_profile"] = icc
+    return result
+
+
+_RGB_FAMILY = ("RGB", "RGBA", "RGBa", "RGBX", "P", "PA")
 
 
 def _encode_png_fast(image: Image.Image) -> bytes | None:
@@ -123,6 +153,8 @@ def read_image(
             raise InputError(f"not a regular file: {source}")
     label = name or (f"image {source}" if isinstance(source, Path) else "the uploaded image")
     what = str(source) if isinstance(source, Path) else label
+    if max_pixels is not None:
+        allow_pixels(max_pixels)
     try:
         with warnings.catch_warnings():
             # A decompression-bomb warning is not an error here; huge images are allowed.
@@ -132,6 +164,12 @@ def read_image(
                     raise SizeLimitError(
                         f"{label} is {img.width}x{img.height} = {img.width * img.height} pixels, "
                         f"over the limit of {max_pixels}"
+                    )
+                frames = getattr(img, "n_frames", 1)
+                if frames > 1:
+                    raise InputError(
+                        f"{what}: an animated or multi-page image ({frames} frames); gantool reads still "
+                        "images only: extract the frames first (e.g. ffmpeg -i in.gif frame%03d.png)"
                     )
                 if lossless and _decodes_16bit_colour_as_8bit(img):
                     raise InputError(
@@ -143,7 +181,10 @@ def read_image(
     except FileNotFoundError:
         raise InputError(f"file not found: {source}") from None
     except Image.DecompressionBombError as e:  # over Pillow's own limit (2x MAX_IMAGE_PIXELS)
-        raise SizeLimitError(f"cannot read {label}: {first_line(e)}") from None
+        raise SizeLimitError(
+            f"cannot read {label}: {first_line(e)} (Pillow's decompression-bomb limit); "
+            "if you trust the file, raise the limit with --max-pixels N (max_pixels= in Python)"
+        ) from None
     except UnidentifiedImageError as e:
         if isinstance(source, Path):
             raise InputError(f"cannot read {label}: {first_line(e)}") from None
@@ -154,6 +195,19 @@ def read_image(
     if lossless:
         check_lossless(result, what)
     return result
+
+
+def allow_pixels(count: int) -> None:
+    """Let Pillow decode images of up to ``count`` pixels in this process.
+
+    Pillow refuses images over 2 x ``Image.MAX_IMAGE_PIXELS`` (about 358 M pixels) as
+    possible decompression bombs. The limit is process-wide and is only ever raised here,
+    so a concurrent reader never sees it lowered; gantool's own ``max_pixels`` check in
+    :func:`read_image` then applies the caller's limit exactly.
+    """
+    current = Image.MAX_IMAGE_PIXELS
+    if current is not None and count > 2 * current:
+        Image.MAX_IMAGE_PIXELS = (count + 1) // 2
 
 
 def _decodes_16bit_colour_as_8bit(img: Image.Image) -> bool:
@@ -228,46 +282,82 @@ def alpha_hole_mask(img: Image.Image) -> np.ndarray | None:
     return (alpha <= 127).astype(np.float32)
 
 
-def _zero_one_mask(arr: np.ndarray) -> np.ndarray | None:
-    """A 0/1 mask image (its maximum is 1, as in many datasets): 1 = hole. None otherwise."""
-    if arr.size and arr.max() == 1 and arr.min() >= 0:
-        if not _ZERO_ONE_SAID:
-            _ZERO_ONE_SAID.append(True)
-            log.info("a mask whose maximum is 1 is read as a 0/1 mask (1 = hole)")
-        return (arr >= 1).astype(np.float32)
-    return None
+def _said_zero_one() -> None:
+    if not _ZERO_ONE_SAID:
+        _ZERO_ONE_SAID.append(True)
+        log.info("a mask whose maximum is 1 is read as a 0/1 mask (1 = hole)")
 
 
 _ZERO_ONE_SAID: list[bool] = []  # said once per process
+_ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
 
 
 def mask_to_array(img: Image.Image | np.ndarray) -> np.ndarray:
-    """A mask image in any mode -> float32 H x W with 1 = hole.
+    """A mask (a PIL image in any mode, or an array) -> float32 H x W with 1 = hole.
 
-    A pixel is a hole above half of its range (> 127 for 8-bit). A mask image
-    whose maximum is 1 is a 0/1 mask: there 1 is a hole.
+    The one rule, for mask files, PIL images and arrays alike:
+
+    - a pixel's value is its brightest colour channel (a red stroke is as much a
+      hole as a white one), scaled by its full range: 255 for 8-bit, 65535 for
+      16-bit and 32-bit integer images, 1 for float images; it is a hole above half
+      of that range (> 127 for 8-bit);
+    - with an alpha channel the value is multiplied by the opacity (a mask painted
+      on a transparent layer), and when every colour channel is 0 and the alpha
+      varies, the alpha alone is the mask (an alpha-only mask: opaque = hole; an
+      opaque black mask has no hole);
+    - an integer mask whose maximum is 1 is a 0/1 mask (1 = hole).
+
+    Arrays: H x W (grey), H x W x 2 (grey + alpha), x 3 (RGB), x 4 (RGBA); uint8 and
+    uint16 have the range of their type, bool and float arrays 0..1, other integer
+    arrays the smallest of 1, 255 and 65535 that holds their values.
     """
     if isinstance(img, np.ndarray):
-        arr = img.astype(np.float32)
-        if arr.ndim == 3:
-            arr = arr.max(axis=2)
-        peak = 1.0 if arr.max(initial=0.0) <= 1.0 else (255.0 if arr.max() <= 255 else 65535.0)
-        return (arr > peak / 2).astype(np.float32)
+        arr = np.asarray(img)
+        if arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[2] not in (1, 2, 3, 4)):
+            raise InputError(f"mask arrays must be H x W or H x W x 1|2|3|4, got shape {arr.shape}")
+        if arr.dtype == bool:
+            arr = arr.astype(np.uint8)
+        if arr.dtype == np.uint8:
+            peak = 255.0
+        elif arr.dtype == np.uint16:
+            peak = 65535.0
+        elif np.issubdtype(arr.dtype, np.integer):
+            top = int(arr.max(initial=0))
+            peak = 255.0 if top <= 255 else 65535.0
+        elif np.issubdtype(arr.dtype, np.floating):
+            peak = 1.0
+        else:
+            raise InputError(f"mask arrays must be integer, bool or float, got {arr.dtype}")
+        channels = arr[..., None] if arr.ndim == 2 else arr
+        alpha = channels.shape[2] in (2, 4)
+        return _mask_from_channels(channels, peak, alpha, integer=not np.issubdtype(arr.dtype, np.floating))
     if _is_high_bit(img):
-        arr = np.asarray(img, dtype=np.float32)
-        zero_one = _zero_one_mask(arr)
-        if zero_one is not None:
-            return zero_one
         peak = 1.0 if img.mode == "F" else 65535.0
-        return (arr > peak / 2).astype(np.float32)
-    if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
-        # A mask drawn on a transparent layer: painted (opaque, bright) pixels are holes.
-        img = img.convert("RGBA")
-        painted = np.asarray(img.convert("L"), dtype=np.float32) * (np.asarray(img.getchannel("A")) / 255.0)
-        return (painted > 127).astype(np.float32)
-    grey = np.asarray(img.convert("L"))
-    zero_one = _zero_one_mask(grey)
-    return zero_one if zero_one is not None else (grey > 127).astype(np.float32)
+        return _mask_from_channels(np.asarray(img)[..., None], peak, False, integer=img.mode != "F")
+    if img.mode == "P":
+        img = img.convert("RGBA" if "transparency" in img.info else "RGB")
+    elif img.mode not in ("L", "RGB") + _ALPHA_MODES:
+        img = img.convert("RGB")  # 1, CMYK, YCbCr, LAB, HSV: as displayed
+    if img.mode in ("RGBa", "La"):  # premultiplied: undo it, so colour and alpha mean what they do elsewhere
+        img = img.convert("RGBA" if img.mode == "RGBa" else "LA")
+    channels = np.asarray(img)
+    channels = channels[..., None] if channels.ndim == 2 else channels
+    return _mask_from_channels(channels, 255.0, img.mode in _ALPHA_MODES, integer=True)
+
+
+def _mask_from_channels(channels: np.ndarray, peak: float, alpha: bool, integer: bool) -> np.ndarray:
+    """H x W x C (colour channels, then alpha when ``alpha``) -> the hole mask of :func:`mask_to_array`."""
+    values = channels.astype(np.float32)
+    colour = values[..., :-1] if alpha else values
+    if colour.size and integer and values.max() == 1 and values.min() >= 0:
+        _said_zero_one()
+        peak = 1.0  # a 0/1 mask: 1 is a hole (the threshold below is then 0.5)
+    level = colour.max(axis=2) if colour.shape[2] else np.zeros(values.shape[:2], np.float32)
+    if alpha:
+        opacity = values[..., -1] / peak
+        alpha_only = not colour.any() and values[..., -1].min() < values[..., -1].max()
+        level = values[..., -1] if alpha_only else level * opacity
+    return (level > peak / 2).astype(np.float32)
 
 
 # ------------------------------------------------------------------- tensors / padding

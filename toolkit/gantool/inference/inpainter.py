@@ -45,6 +45,7 @@ from gantool.core.processing import (
     image_to_array,
     image_to_output_array,
     import_cv2,
+    keep_colour_profile,
     mask_to_array,
     output_array_to_image,
     output_mode,
@@ -297,7 +298,7 @@ def finish_image(image: Image.Image, mask: np.ndarray, fills: ModelFills, blend:
             filled = blend_output(pixels(window), filled, mask[window.region], blend)
         region = known[window.region]
         region[...] = paste_holes(region, float_to_output_array(filled, mode), mask[window.region])
-    return output_array_to_image(known, mode)
+    return keep_colour_profile(image, output_array_to_image(known, mode))
 
 
 def inpaint_images(
@@ -321,6 +322,7 @@ def inpaint_images(
 def to_pil_image(obj: Image.Image | str | Path | np.ndarray, what: str = "image") -> Image.Image:
     """A PIL image from a PIL image, a path, or a uint8/uint16 array (H x W, H x W x 3 or x 4)."""
     if isinstance(obj, Image.Image):
+        _check_not_empty(obj.width, obj.height, what)
         return check_lossless(obj, what)
     if isinstance(obj, (str, Path)):
         return read_image(obj, lossless=True)
@@ -333,8 +335,14 @@ def to_pil_image(obj: Image.Image | str | Path | np.ndarray, what: str = "image"
             raise InputError(f"uint16 {what} arrays must be H x W (16-bit grey)")
         if obj.ndim == 3 and obj.shape[2] not in (3, 4):
             raise InputError(f"{what} arrays must have 3 or 4 channels, got {obj.shape[2]}")
+        _check_not_empty(obj.shape[1], obj.shape[0], what)
         return Image.fromarray(np.ascontiguousarray(obj))
     raise InputError(f"{what} must be a PIL image, a path or a numpy array, got {type(obj).__name__}")
+
+
+def _check_not_empty(width: int, height: int, what: str) -> None:
+    if width < 1 or height < 1:
+        raise InputError(f"the {what} is {width}x{height}: there is nothing to inpaint")
 
 
 def check_mask_size(mask: np.ndarray, image: Image.Image, mask_name: str, image_name: str) -> np.ndarray:

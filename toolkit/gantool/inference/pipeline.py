@@ -40,6 +40,7 @@ from gantool.core.errors import GantoolError, InputError, first_line
 from gantool.core.fileio import atomic_save
 from gantool.core.processing import (
     IMAGE_EXTENSIONS,
+    allow_pixels,
     alpha_hole_mask,
     check_blend,
     mask_to_array,
@@ -50,6 +51,8 @@ from gantool.inference.inpainter import ModelFills, boxes_to_mask, check_mask_si
 from gantool.runtime.backends import Backend, load_backend
 
 OUTPUT_SUFFIX = ".inpainted.png"
+# An -o with one of these suffixes names an image file in another format: refused, never a folder.
+NOT_PNG_IMAGE_SUFFIXES = tuple(e for e in (*IMAGE_EXTENSIONS, ".gif", ".avif", ".heic", ".jxl") if e != ".png")
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
 
@@ -186,6 +189,11 @@ def plan_jobs(images: Sequence[tuple[Path, Path]], output: str | Path | None = N
     ``output`` (a folder; folder inputs keep their sub-folders), or ``output``
     itself when it ends in .png and there is one image."""
     out = Path(output).expanduser() if output is not None else None
+    if out is not None and out.suffix.lower() in NOT_PNG_IMAGE_SUFFIXES and not out.is_dir():
+        raise InputError(
+            f"-o {out}: outputs are written as PNG (so known pixels stay exactly as they were); "
+            f"name a .png file, or a folder"
+        )
     if out is not None and out.suffix.lower() == ".png" and not out.is_dir():
         if len(images) != 1:
             raise InputError(f"-o {out} names one file but there are {len(images)} images: give a folder")
@@ -212,6 +220,7 @@ class FileResult:
     output: Path | None = None  # None when nothing was written (an error, or no hole)
     error: str | None = None
     no_hole: bool = False  # the mask had no hole pixel: skipped, nothing written
+    skipped: bool = False  # its output existed (skip_existing): kept, nothing written
 
     @property
     def ok(self) -> bool:
@@ -219,7 +228,7 @@ class FileResult:
 
     @property
     def inpainted(self) -> bool:
-        return self.ok and not self.no_hole
+        return self.ok and not self.no_hole and not self.skipped
 
 
 @dataclass
@@ -238,18 +247,26 @@ class RunSummary:
         return sum(r.no_hole for r in self.results)
 
     @property
+    def skipped(self) -> int:
+        return sum(r.skipped for r in self.results)
+
+    @property
     def failed(self) -> int:
         return sum(not r.ok for r in self.results)
 
     @property
     def succeeded(self) -> bool:
-        """Nothing failed and something was inpainted (images without holes alone are not a success)."""
-        return self.failed == 0 and self.inpainted > 0
+        """Nothing failed, and something was inpainted or was already done (a resumed run);
+        images without holes alone are not a success. The exit status of the CLI, with --ray too."""
+        return self.failed == 0 and (self.inpainted > 0 or self.skipped > 0)
+
+    def skip_notes(self) -> str:
+        notes = f", {self.skipped} skipped (output exists)" if self.skipped else ""
+        return notes + (f", {self.no_hole} skipped (no hole)" if self.no_hole else "")
 
     def line(self) -> str:
-        skipped = f", {self.no_hole} skipped (no hole)" if self.no_hole else ""
         return (
-            f"{self.inpainted} inpainted{skipped}, {self.failed} failed in {self.seconds:.1f} s "
+            f"{self.inpainted} inpainted{self.skip_notes()}, {self.failed} failed in {self.seconds:.1f} s "
             f"(provider {self.provider}, backend {self.backend})"
         )
 
@@ -275,7 +292,17 @@ def check_output(job: ImageJob, overwrite: bool, protected: set[Path]) -> None:
     if job.output.resolve() in protected:
         raise InputError(f"refusing to write {job.output}: it is an input or mask file")
     if job.output.exists() and not overwrite:
-        raise InputError(f"{job.output} exists (use --overwrite)")
+        raise InputError(f"{job.output} exists (use --overwrite to replace it, or --skip-existing to keep it)")
+
+
+def already_done(job: ImageJob, skip_existing: bool, protected: set[Path]) -> bool:
+    """With ``skip_existing``: the output exists (an earlier run made it) and is no input or mask."""
+    return skip_existing and job.output.exists() and job.output.resolve() not in protected
+
+
+def check_skip_options(overwrite: bool, skip_existing: bool) -> None:
+    if overwrite and skip_existing:
+        raise InputError("--overwrite and --skip-existing contradict each other: give one")
 
 
 def file_error(job: ImageJob, error: BaseException) -> FileResult:
@@ -288,6 +315,10 @@ class NoHole(Exception):
 
 def no_hole(job: ImageJob) -> FileResult:
     return FileResult(job.source, no_hole=True)
+
+
+def skipped(job: ImageJob) -> FileResult:
+    return FileResult(job.source, output=job.output, skipped=True)
 
 
 def load_job(job: ImageJob, masks: MaskSource, overwrite: bool, protected: set[Path]) -> tuple[Image.Image, np.ndarray]:
@@ -352,15 +383,18 @@ def inpaint_files(
     crop_margin: int | None = None,
     blend: str = DEFAULT_BLEND,
     overwrite: bool = False,
+    skip_existing: bool = False,
     on_result: Callable[[FileResult], None] | None = None,
 ) -> RunSummary:
     """Inpaint every job; a bad file is recorded (one line) and skipped.
+    ``skip_existing``: a job whose output exists is counted as skipped (resuming a run).
 
     Images are read ``batch_size`` at a time; same-size model inputs among them
     are run as one batch. Outputs are PNG, written atomically, never over an
     input or mask file, and over an existing file only with ``overwrite``.
     """
     check_blend(blend)  # an unknown mode, or no OpenCV, fails the run before any file
+    check_skip_options(overwrite, skip_existing)
     start = time.perf_counter()
     summary = RunSummary(provider=backend.provider, backend=backend.name)
     protected = protected_paths(jobs, masks)
@@ -387,6 +421,9 @@ def inpaint_files(
     def load(chunk: Sequence[ImageJob]) -> tuple[list[tuple[ImageJob, Image.Image, np.ndarray]], list[FileResult]]:
         loaded, failed = [], []
         for job in chunk:
+            if already_done(job, skip_existing, protected):
+                failed.append(skipped(job))
+                continue
             try:
                 loaded.append((job, *load_job(job, masks, overwrite, protected)))
             except NoHole:
@@ -437,6 +474,8 @@ def run_inpaint(
     crop_margin: int | None = None,
     blend: str = DEFAULT_BLEND,
     overwrite: bool = False,
+    skip_existing: bool = False,
+    max_pixels: int | None = None,
     on_start: Callable[[Backend, Sequence[ImageJob]], None] | None = None,
     on_result: Callable[[FileResult], None] | None = None,
 ) -> RunSummary:
@@ -444,8 +483,12 @@ def run_inpaint(
     model (unless ``backend`` is given), then :func:`inpaint_files`.
 
     Inputs and masks are checked before the model is loaded, so a typo fails fast.
-    ``on_start(backend, jobs)`` runs once the model is open.
+    ``on_start(backend, jobs)`` runs once the model is open. ``max_pixels``: decode
+    images of up to this many pixels (default: Pillow's decompression-bomb limit).
     """
+    check_skip_options(overwrite, skip_existing)
+    if max_pixels is not None:
+        allow_pixels(max_pixels)
     masks = MaskSource(mask, boxes)
     # The mask (file or folder) may sit inside an input folder: it is not an input.
     found = collect_images(images, skip=[masks.path] if masks.path is not None else [])
@@ -456,5 +499,5 @@ def run_inpaint(
         on_start(backend, jobs)
     return inpaint_files(
         backend, jobs, masks, strategy=strategy, batch_size=batch_size, crop_margin=crop_margin, blend=blend,
-        overwrite=overwrite, on_result=on_result,
+        overwrite=overwrite, skip_existing=skip_existing, on_result=on_result,
     )  # fmt: skip

@@ -22,7 +22,6 @@ runs.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import time
@@ -31,7 +30,7 @@ import warnings
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
@@ -43,15 +42,15 @@ from gantool.core.constants import (
     DEFAULT_INPAINT_BATCH,
     DEFAULT_PRECISION,
     DEFAULT_PROVIDER,
+    DEFAULT_RAY_TIMEOUT_S,
     DEFAULT_STRATEGY,
     PRECISIONS,
     PROVIDERS,
-    RAY_MANIFEST_NAME,
     STRATEGIES,
 )
 from gantool.core.errors import InputError, check_choice, first_line
-from gantool.core.fileio import ensure_writable_dir
-from gantool.core.processing import IMAGE_EXTENSIONS, check_blend
+from gantool.core.processing import allow_pixels, check_blend
+from gantool.inference.manifest import Manifest, check_manifest_target, default_manifest, manifest_status, wind_down
 from gantool.inference.pipeline import (
     FILE_ERRORS,
     FileResult,
@@ -59,7 +58,9 @@ from gantool.inference.pipeline import (
     MaskSource,
     NoHole,
     RunSummary,
+    already_done,
     check_output,
+    check_skip_options,
     collect_images,
     file_error,
     fill_loaded,
@@ -68,12 +69,21 @@ from gantool.inference.pipeline import (
     no_hole,
     plan_jobs,
     protected_paths,
+    skipped,
     written,
+)
+from gantool.inference.ray_connect import (
+    FolderLock,
+    Terminated,
+    check_reachable,
+    connect,
+    quiet_logger,
+    shielded,
+    sigterm_as_interrupt,
 )
 
 log = logging.getLogger(__name__)
 
-MANIFEST_NAME = RAY_MANIFEST_NAME
 RAY_MISSING = 'Ray is not installed: pip install "gantool[ray]"'
 # A batch whose worker process dies (a crash, OOM kill, lost node) is retried on a
 # restarted actor; after this many tries on a node its unfinished files are reported
@@ -114,46 +124,16 @@ class RayPlan:
 
 @dataclass
 class RayRunSummary(RunSummary):
-    skipped: int = 0
     manifest: Path | None = None
     startup_seconds: float = 0.0  # Ray start/connect until the first result came back
     where: str = ""
     finished_at: list[float] = field(default_factory=list)  # perf_counter of each result (benchmarks)
 
     def line(self) -> str:
-        skipped = f", {self.skipped} skipped (output exists)" if self.skipped else ""
-        skipped += f", {self.no_hole} skipped (no hole)" if self.no_hole else ""
         return (
-            f"{self.inpainted} inpainted, {self.failed} failed{skipped} in {self.seconds:.1f} s "
+            f"{self.inpainted} inpainted, {self.failed} failed{self.skip_notes()} in {self.seconds:.1f} s "
             f"(provider {self.provider or '-'}, backend {self.backend or '-'}); manifest: {self.manifest}"
         )
-
-
-def default_manifest(jobs: Sequence[ImageJob], output: str | Path | None) -> Path:
-    """``<output folder>/gantool-manifest.jsonl``; with -o FILE.png beside it; without -o
-    in the deepest folder holding all outputs."""
-    if output is not None:
-        out = Path(output).expanduser()
-        folder = out.parent if out.suffix.lower() == ".png" and not out.is_dir() else out
-    else:
-        folder = Path(os.path.commonpath([str(job.output.parent.resolve()) for job in jobs]))
-    return folder / MANIFEST_NAME
-
-
-def check_manifest_target(path: Path) -> None:
-    """The manifest may replace an earlier manifest, never another file of the user's."""
-    if path.suffix.lower() in IMAGE_EXTENSIONS or path.is_dir():
-        raise InputError(f"--manifest {path} must name a .jsonl file")
-    if not path.exists() or path.stat().st_size == 0:
-        return
-    try:
-        with open(path, encoding="utf-8") as f:
-            first = json.loads(f.readline())
-        ours = isinstance(first, dict) and {"input", "status"} <= first.keys()
-    except (OSError, UnicodeDecodeError, ValueError):
-        ours = False
-    if not ours:
-        raise InputError(f"refusing to replace {path}: it is not a gantool manifest (give another --manifest)")
 
 
 def _cluster_resources(ray: Any) -> tuple[float, float, int]:
@@ -214,8 +194,12 @@ class InpaintWorker:
         run_id: str,
         blend: str = DEFAULT_BLEND,
         die_on: str | None = None,
+        max_pixels: int | None = None,
     ) -> None:
         import ray  # the optional extra; this runs in a Ray actor
+
+        if max_pixels is not None:
+            allow_pixels(max_pixels)  # this actor's process, as the driver's
 
         from gantool.runtime.backends import load_backend  # delayed: imports onnxruntime/torch in the actor only
 
@@ -225,9 +209,9 @@ class InpaintWorker:
         self.strategy, self.batch_size, self.crop_margin, self.blend = strategy, batch_size, crop_margin, blend
         self.overwrite = overwrite
         self.die_on = die_on
-        # Tries per chunk, kept where a restarted actor on this node finds them.
+        # Tries per chunk, kept where a restarted actor on this node finds them; the folder
+        # exists only while a chunk is in progress (see _guarded_chunk), so none is left behind.
         self.tries_dir = Path(ray.get_runtime_context().get_temp_dir()) / "gantool" / run_id
-        self.tries_dir.mkdir(parents=True, exist_ok=True)
 
     def _maybe_die(self, job: ImageJob) -> None:
         if not self.die_on:
@@ -271,10 +255,22 @@ class InpaintWorker:
                 else:
                     cause = f"not processed: the worker process died {tries} times on its batch"
                     yield FileResult(job.source, error=f"{job.source}: {cause}"), 0.0
+            self._forget(record)
             return
-        record.write_text(str(tries + 1))
+        for _ in range(3):  # another actor on this node may remove the empty folder meanwhile
+            try:
+                self.tries_dir.mkdir(parents=True, exist_ok=True)
+                record.write_text(str(tries + 1))
+                break
+            except FileNotFoundError:
+                continue
         yield from self._run_chunk(jobs)
+        self._forget(record)
+
+    def _forget(self, record: Path) -> None:
         record.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # not empty: another chunk of this run is in progress here
+            self.tries_dir.rmdir()
 
     def _run_chunk(self, jobs: list[ImageJob]) -> Iterator[tuple[FileResult, float]]:
         """The local loop's steps for one chunk; ms = the file's read and write time
@@ -321,34 +317,6 @@ class InpaintWorker:
 # -------------------------------------------------------------------------- driver
 
 
-def _status(result: FileResult) -> str:
-    """The manifest's status of one input."""
-    if not result.ok:
-        return "failed"
-    return "no hole" if result.no_hole else "inpainted"
-
-
-class _Manifest:
-    """JSON lines, one per input, streamed to a temp file and renamed onto the manifest
-    at the end (also after an interrupt or failure: what was done is recorded)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        ensure_writable_dir(path.parent)
-        self.tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        self.file: IO[str] = open(self.tmp, "w", encoding="utf-8")  # noqa: SIM115 (closed in close())
-
-    def add(self, **entry: Any) -> None:
-        self.file.write(json.dumps(entry) + "\n")
-        self.file.flush()
-
-    def close(self) -> None:
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
-        os.replace(self.tmp, self.path)
-
-
 def _chunk_rows(chunks: Sequence[Sequence[ImageJob]]) -> list[dict[str, Any]]:
     """One dataset row per chunk of files."""
     rows = []
@@ -389,7 +357,10 @@ def ray_inpaint(
     crop_margin: int | None = None,
     blend: str = DEFAULT_BLEND,
     overwrite: bool = False,
+    skip_existing: bool = False,
+    max_pixels: int | None = None,
     address: str | None = None,
+    timeout: float = DEFAULT_RAY_TIMEOUT_S,
     actors: int | None = None,
     gpus_per_actor: float | None = None,
     manifest: str | Path | None = None,
@@ -400,13 +371,22 @@ def ray_inpaint(
     in the manifest (inpainted, failed, skipped, or not processed after a worker died).
 
     Uses the Ray of this process when it is already initialized (and leaves it up);
-    else connects to ``address``, or starts a local cluster with this machine's CPUs
-    and GPUs and shuts it down at the end.
+    else connects to ``address`` (within ``timeout`` seconds, or an InputError naming
+    it), or starts a local cluster with this machine's CPUs and GPUs and shuts it down
+    at the end. The output folders are locked for the run: a concurrent run on them is
+    refused. Ctrl-C or SIGTERM (raised as :class:`Terminated`) ends the run with every
+    input in the manifest in its true state (an output that a worker finished counts
+    as inpainted).
     """
     _check_choices(provider, backend_name, precision, strategy)
     check_blend(blend)  # an unknown mode, or no OpenCV, fails before Ray starts
+    check_skip_options(overwrite, skip_existing)
     if batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, got {batch_size}")
+    if not timeout > 0:
+        raise InputError(f"--ray-timeout must be positive, got {timeout}")
+    if max_pixels is not None:
+        allow_pixels(max_pixels)
     masks = MaskSource(mask, boxes)
     found = collect_images(images, skip=[masks.path] if masks.path is not None else [])
     jobs = plan_jobs(found, output)
@@ -414,21 +394,47 @@ def ray_inpaint(
     manifest_path = Path(manifest).expanduser() if manifest is not None else default_manifest(jobs, output)
     check_manifest_target(manifest_path)
     ray = import_ray()
+    if address:  # also when this process's Ray is up: a wrong address is a mistake either way
+        check_reachable(address, timeout)
+    lock = FolderLock([manifest_path.parent, default_manifest(jobs, output).parent])
+    try:
+        return _run(ray, jobs, masks, model_path, manifest_path, address, timeout, actors, gpus_per_actor,
+                    on_start, on_result, provider=provider, backend_name=backend_name, precision=precision,
+                    boxes=boxes, strategy=strategy, batch_size=batch_size, crop_margin=crop_margin, blend=blend,
+                    overwrite=overwrite, skip_existing=skip_existing, max_pixels=max_pixels)  # fmt: skip
+    finally:
+        lock.release()
 
-    start = time.perf_counter()
+
+def _run(
+    ray: Any,
+    jobs: list[ImageJob],
+    masks: MaskSource,
+    model_path: Path,
+    manifest_path: Path,
+    address: str | None,
+    timeout: float,
+    actors: int | None,
+    gpus_per_actor: float | None,
+    on_start: Callable[[RayPlan], None] | None,
+    on_result: Callable[[FileResult], None] | None,
+    **options: Any,
+) -> RayRunSummary:
+    overwrite, skip_existing, batch_size = options["overwrite"], options["skip_existing"], options["batch_size"]
+    start, begun = time.perf_counter(), time.time()
     summary = RayRunSummary()
     protected = protected_paths(jobs, masks)
     pre_failed: list[FileResult] = []
-    skipped: list[ImageJob] = []
+    done_before: list[ImageJob] = []
     runnable: list[ImageJob] = []  # in input order, as the local loop would see them
     for job in jobs:
+        if already_done(job, skip_existing, protected):
+            done_before.append(job)  # done by an earlier run: resume
+            continue
         try:
             check_output(job, overwrite, protected)
         except InputError as e:
-            if job.output.exists() and job.output.resolve() not in protected:
-                skipped.append(job)  # done by an earlier run: resume
-                continue
-            pre_failed.append(file_error(job, e))  # its output would replace an input or mask
+            pre_failed.append(file_error(job, e))  # exists, or its output would replace an input or mask
         runnable.append(job)
     # The local loop's chunks of batch_size; a refused file leaves its chunk (locally it fails
     # on loading and never reaches the model), so every model batch holds the same images.
@@ -442,11 +448,27 @@ def ray_inpaint(
 
     started_here = not ray.is_initialized()
     if started_here:
-        with _quiet_logger("ray"):
-            if address:
-                ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
-            else:
-                ray.init(include_dashboard=False, logging_level=logging.WARNING)
+        connect(ray, address, timeout)
+    # After ray.init, which installs Ray's own SIGTERM handler in the driver (it would end the
+    # run as a failed Ray job, with a manifest of false failures).
+    signals = contextlib.ExitStack()
+    signals.enter_context(sigterm_as_interrupt())
+    book: Manifest | None = None
+    reported: set[str] = set()
+    missing_cause = "not processed: its batch failed in Ray (see the log above)"
+    interrupted: BaseException | None = None
+
+    def record(result: FileResult, provider: str | None, backend: str | None, ms: float | None) -> None:
+        reported.add(str(result.source))
+        summary.results.append(result)
+        summary.finished_at.append(time.perf_counter())
+        status = "skipped" if result.skipped else manifest_status(result)
+        assert book is not None
+        book.add(input=str(result.source), output=str(result.output) if result.output is not None else None,
+                 status=status, error=result.error, provider=provider, ms=ms)  # fmt: skip
+        if on_result is not None and not result.skipped:
+            on_result(result)
+
     try:
         cpus, gpus, nodes = _cluster_resources(ray)
         context = ray.get_runtime_context()
@@ -454,60 +476,45 @@ def ray_inpaint(
             summary.where = f"Ray cluster at {getattr(context, 'gcs_address', address)} ({cpus:g} CPUs, {gpus:g} GPUs, {nodes} nodes)"
         else:
             summary.where = f"local Ray cluster ({cpus:g} CPUs, {gpus:g} GPUs)"
-        n_actors, n_gpus = plan_actors(provider, cpus, gpus, nodes, actors, gpus_per_actor)
-        plan = RayPlan(summary.where, n_actors, n_gpus, batch_size, todo, skipped, manifest_path)
+        n_actors, n_gpus = plan_actors(options["provider"], cpus, gpus, nodes, actors, gpus_per_actor)
+        plan = RayPlan(summary.where, n_actors, n_gpus, batch_size, todo, done_before, manifest_path)
         if on_start is not None:
             on_start(plan)
-        summary.manifest, summary.skipped = manifest_path, len(skipped)
-        book = _Manifest(manifest_path)
-        interrupted: BaseException | None = None
+        summary.manifest = manifest_path
+        book = Manifest(manifest_path)
+        for job in done_before:
+            record(skipped(job), None, None, None)
+        for result in pre_failed:
+            record(result, None, None, None)
+        worker_options = {k: v for k, v in options.items() if k != "skip_existing"}
+        rows = _execute(ray, chunks, model_path, masks, n_actors, n_gpus, **worker_options)
         try:
-            for job in skipped:
-                book.add(input=str(job.source), output=str(job.output), status="skipped", error=None,
-                         provider=None, ms=None)  # fmt: skip
-
-            def record(result: FileResult, provider: str | None, backend: str | None, ms: float | None) -> None:
-                summary.results.append(result)
-                summary.finished_at.append(time.perf_counter())
-                book.add(input=str(result.source), output=str(result.output) if result.output is not None else None,
-                         status=_status(result), error=result.error, provider=provider,
-                         ms=ms)  # fmt: skip
-                if on_result is not None:
-                    on_result(result)
-
-            for result in pre_failed:
-                record(result, None, None, None)
-            done: set[str] = set()
-            rows = _execute(ray, chunks, model_path, provider, backend_name, precision, masks, boxes, strategy,
-                            batch_size, crop_margin, blend, overwrite, n_actors, n_gpus)  # fmt: skip
-            try:
-                for row in rows if todo else ():
-                    if not summary.startup_seconds:
-                        summary.startup_seconds = time.perf_counter() - start
-                    summary.provider, summary.backend = row["provider"], row["backend"]
-                    result = FileResult(Path(row["source"]), output=Path(row["output"]) if row["output"] else None,
-                                        error=row["error"] or None, no_hole=bool(row["no_hole"]))  # fmt: skip
-                    done.add(row["source"])
-                    record(result, row["provider"], row["backend"], float(row["ms"]))
-                missing_cause = "not processed: its batch failed in Ray (see the log above)"
-            except (KeyboardInterrupt, Exception) as e:
-                if isinstance(e, KeyboardInterrupt):
-                    interrupted, missing_cause = e, "not processed: interrupted"
-                else:  # the Ray job itself failed: every file it did not report is recorded, not lost
-                    missing_cause = f"not processed: {first_line(e)}"
-                    log.error("Ray job failed: %s", first_line(e))
-            finally:
-                rows.close()  # stops the Ray Data execution (and its actors) now, not at garbage collection
-            for job in todo:
-                if str(job.source) not in done:
-                    record(FileResult(job.source, error=f"{job.source}: {missing_cause}"), None, None, None)
+            for row in rows if todo else ():
+                if not summary.startup_seconds:
+                    summary.startup_seconds = time.perf_counter() - start
+                if row["source"] in reported:
+                    continue  # a retried batch's second report of a file
+                summary.provider, summary.backend = row["provider"], row["backend"]
+                result = FileResult(Path(row["source"]), output=Path(row["output"]) if row["output"] else None,
+                                    error=row["error"] or None, no_hole=bool(row["no_hole"]))  # fmt: skip
+                record(result, row["provider"], row["backend"], float(row["ms"]))
+        except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM as Terminated
+            interrupted = e
+            missing_cause = f"not processed: interrupted ({'SIGTERM' if isinstance(e, Terminated) else 'SIGINT'})"
+        except Exception as e:  # the Ray job itself failed: every file it did not report is recorded, not lost
+            missing_cause = f"not processed: {first_line(e)}"
+            log.error("Ray job failed: %s", first_line(e))
         finally:
-            book.close()
-        if interrupted is not None:
-            raise interrupted
+            rows.close()  # stops the Ray Data execution (and its actors) now, not at garbage collection
+    except KeyboardInterrupt as e:
+        interrupted = e
+        missing_cause = f"not processed: interrupted ({'SIGTERM' if isinstance(e, Terminated) else 'SIGINT'})"
     finally:
-        if started_here:
-            ray.shutdown()
+        with shielded():
+            wind_down(ray, started_here, book, todo, reported, begun, overwrite, missing_cause, record)
+        signals.close()
+    if interrupted is not None:
+        raise interrupted
     summary.seconds = time.perf_counter() - start
     return summary
 
@@ -516,18 +523,20 @@ def _execute(
     ray: Any,
     chunks: Sequence[Sequence[ImageJob]],
     model_path: Path,
+    masks: MaskSource,
+    actors: int,
+    gpus_per_actor: float,
+    *,
     provider: str,
     backend_name: str,
     precision: str,
-    masks: MaskSource,
     boxes: Sequence[tuple[int, int, int, int]],
     strategy: str,
     batch_size: int,
     crop_margin: int | None,
     blend: str,
     overwrite: bool,
-    actors: int,
-    gpus_per_actor: float,
+    max_pixels: int | None,
 ) -> Generator[dict[str, Any], None, None]:
     """Stream one result row per file from the actor pool."""
     from ray.data import ActorPoolStrategy, DataContext
@@ -542,7 +551,7 @@ def _execute(
     data.print_on_execution_start = False
     data.max_errored_blocks = -1  # a batch that fails inside Ray is reported by the driver; the rest goes on
     try:
-        with _quiet_logger("ray.data"), _quiet_logger("ray.data._internal.progress", _DropProgressBarNotice()):
+        with quiet_logger("ray.data"), quiet_logger("ray.data._internal.progress", _DropProgressBarNotice()):
             rows = _chunk_rows(chunks)
             # A Ray task hands back its results when its whole input block is done: one chunk
             # per block keeps the progress bar and the manifest moving, and a dying worker
@@ -564,6 +573,7 @@ def _execute(
                     "overwrite": overwrite,
                     "run_id": uuid.uuid4().hex,
                     "die_on": os.environ.get(DIE_ON_ENV) or None,
+                    "max_pixels": max_pixels,
                 },
                 batch_size=1,  # one chunk of files per call
                 batch_format="numpy",
@@ -578,19 +588,3 @@ def _execute(
 class _DropProgressBarNotice(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return "Progress bars disabled" not in record.getMessage()  # we show our own bar
-
-
-@contextlib.contextmanager
-def _quiet_logger(name: str, drop: logging.Filter | None = None) -> Iterator[None]:
-    """Ray's INFO chatter (start-up banner, "execution finished") off the CLI's output, while Ray runs."""
-    logger = logging.getLogger(name)
-    level = logger.level
-    logger.setLevel(max(level, logging.WARNING))
-    if drop is not None:
-        logger.addFilter(drop)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-        if drop is not None:
-            logger.removeFilter(drop)

@@ -28,6 +28,7 @@ from gantool.core.constants import (
     DEFAULT_BLEND,
     DEFAULT_INT8_MIN_PSNR,
     PRECISION_BACKENDS,
+    PROVIDERS,
 )
 from gantool.core.errors import GantoolError, InputError, ModelError, check_choice, choice_error, first_line
 from gantool.core.processing import check_blend
@@ -187,6 +188,7 @@ def _bench_inputs(size: int, batch: int) -> tuple[np.ndarray, np.ndarray]:
 def _resolve_providers(providers: Sequence[str]) -> list[str]:
     out: list[str] = []
     for p in providers:
+        check_choice("provider", p, PROVIDERS)  # a typo ("gpu") fails here, not as a table of error rows
         if p == "auto":
             out += ["cpu", "cuda"] if cuda_device_visible() else ["cpu"]
         else:
@@ -555,6 +557,8 @@ def bench_inpaint(
         raise InputError("--sizes and --batch need positive values (sizes at least 4)")
     if repeats < 1 or warmup < 0 or e2e_images < 0:
         raise InputError("--repeats must be at least 1; --warmup and --e2e-images at least 0")
+    if e2e_images and e2e_size < 4:
+        raise InputError(f"--e2e-size must be at least 4 px, got {e2e_size} (or --e2e-images 0 to skip it)")
     resolved = _resolve_providers(providers)
     rows = bench_backend_rows(model, backends, resolved, sizes, batches, repeats, warmup)
     result: dict[str, Any] = {
@@ -568,6 +572,9 @@ def bench_inpaint(
         "(Linux VmHWM, reset per measurement; else ru_maxrss growth, a lower bound)",
         "goals": {},
     }
+    result["measured_rows"] = sum("error" not in row for row in rows)  # 0: nothing could be measured
+    if not result["measured_rows"]:
+        return result  # the goals compare measured rows: none to compare (the CLI exits 1)
     result["fastest_passing"] = fastest_passing(rows)
     goals = result["goals"]
     goals.update(speed_goals(rows))
@@ -585,3 +592,15 @@ def bench_inpaint(
         full = next(r for r in rows_blend if r["strategy"] == "full")
         goals["blend_vs_model_512"] = {**full, "goal": 0.15, "met": full["blend_vs_model"] <= 0.15}
     return result
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with non-finite floats as None, for ``json.dumps(..., allow_nan=False)``:
+    strict JSON has no Infinity or NaN (a hole PSNR of identical outputs is infinite)."""
+    if isinstance(value, float):
+        return value if np.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value

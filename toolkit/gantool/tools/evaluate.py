@@ -131,6 +131,20 @@ def find_eval_images(data: str | Path, count: int | None = None) -> list[Path]:
     return paths[:count] if count else paths
 
 
+GRID_FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP", ".bmp": "BMP", ".tif": "TIFF",
+                ".tiff": "TIFF"}  # fmt: skip
+
+
+def grid_format_for(grid: Path) -> str:
+    """The Pillow format the grid's file name asks for; another suffix is refused before any work."""
+    try:
+        return GRID_FORMATS[grid.suffix.lower()]
+    except KeyError:
+        raise InputError(
+            f"--grid {grid}: name a {', '.join(sorted(set(GRID_FORMATS)))} file (the suffix picks the format)"
+        ) from None
+
+
 def check_grid_outside_data(grid: Path, data: Path) -> None:
     """eval never writes into its data: a grid there would replace an input or be scored next time."""
     grid_at, data_at = grid.resolve(), data.resolve()
@@ -260,16 +274,20 @@ def _checked_local_size(masks: str, size: int, local_size: int | None, count: in
     return local_size
 
 
-def _write_grid(grid_path: Path, grid_items: list[dict[str, np.ndarray]], overwrite: bool) -> None:
-    """The comparison grid, with the PNG text mark that keeps it from being scored as data."""
+def _write_grid(grid_path: Path, grid_items: list[dict[str, np.ndarray]], overwrite: bool, grid_format: str) -> None:
+    """The comparison grid in the format its name says, with the PNG text mark that keeps a PNG
+    grid from being scored as data."""
     from PIL.PngImagePlugin import PngInfo
 
     columns = [c for c in GRID_COLUMNS if c in grid_items[0]]
     picture = comparison_grid(grid_items, columns)
     mark = PngInfo()
     mark.add_text(*GRID_MARK)
+    # PNG carries the mark, WebP is written losslessly, JPEG at quality 95.
+    options: dict[str, dict[str, Any]] = {"PNG": {"pnginfo": mark}, "WEBP": {"lossless": True}, "JPEG": {"quality": 95}}
+    extra = options.get(grid_format, {})
     atomic_save(
-        grid_path, lambda tmp: Image.fromarray(picture).save(tmp, format="PNG", pnginfo=mark), overwrite=overwrite
+        grid_path, lambda tmp: Image.fromarray(picture).save(tmp, format=grid_format, **extra), overwrite=overwrite
     )
 
 
@@ -303,6 +321,7 @@ def evaluate(
     local_size = _checked_local_size(masks, size, local_size, count, masks_per_image)
     grid_path = Path(grid) if grid is not None else None
     if grid_path is not None:
+        grid_format = grid_format_for(grid_path)
         check_grid_outside_data(grid_path, Path(data))
         if grid_path.exists() and not overwrite:
             raise InputError(f"{grid_path} exists (use --overwrite, or another --grid)")
@@ -338,7 +357,7 @@ def evaluate(
             small[0],
         )
     if grid_path is not None:
-        _write_grid(grid_path, grid_items, overwrite)
+        _write_grid(grid_path, grid_items, overwrite, grid_format)
     settings = {
         "data": str(data),
         "masks": masks,
