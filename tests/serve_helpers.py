@@ -60,12 +60,10 @@ def wait_ready(base_url: str, timeout: float = 120.0) -> None:
 @contextmanager
 def live_server(app: Any) -> Iterator[str]:
     """Run ``app`` with uvicorn on a free 127.0.0.1 port in a thread; yields its URL."""
-    import uvicorn
-
-    from gantool.serving.app import bind_socket, url_of
+    from gantool.serving.server import bind_socket, make_server, url_of
 
     sock = bind_socket("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = make_server(app)  # the real protocol: header limits, deadlines, TCP_NODELAY
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
