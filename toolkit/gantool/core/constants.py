@@ -51,7 +51,7 @@ CROP_MARGIN_FRACTION = 0.25
 
 # Image formats gantool decodes (Pillow format names), for files and uploads alike: never EPS/PS/PDF
 # or anything else that makes Pillow run an external program (EPS runs Ghostscript from PATH).
-DECODE_FORMATS = ("PNG", "JPEG", "MPO", "WEBP", "BMP", "TIFF", "GIF")
+DECODE_FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "TIFF", "GIF")
 
 # `gantool serve` defaults (see gantool.serving).
 DEFAULT_SERVE_HOST = "127.0.0.1"

@@ -406,7 +406,7 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
     async def get_model() -> dict[str, Any]:
         return info
 
-    @app.api_route("/healthz", methods=["GET", "HEAD"], summary="Alive, with queue figures")
+    @app.get("/healthz", summary="Alive, with queue figures")
     async def healthz() -> dict[str, Any]:
         return {
             "status": "stopping" if counters.draining else "ok",
@@ -418,7 +418,7 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
             "skipped": batcher.skipped,
         }
 
-    @app.api_route("/readyz", methods=["GET", "HEAD"], summary="Model loaded and warm", response_model=None)
+    @app.get("/readyz", summary="Model loaded and a warm-up inference done", response_model=None)
     async def readyz() -> dict[str, Any] | JSONResponse:
         if counters.draining:
             return _error_response(503, "shutting down")
@@ -438,7 +438,10 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
         return page
 
     for url in STATIC_FILES:
-        app.api_route(url, methods=["GET", "HEAD"], include_in_schema=False)(static_route(url))
+        app.get(url, include_in_schema=False)(static_route(url))
+    # HEAD answers as GET does, without the body (uvicorn drops it).
+    for url, route in (("/healthz", healthz), ("/readyz", readyz), *((u, static_route(u)) for u in STATIC_FILES)):
+        app.head(url, include_in_schema=False, response_model=None)(route)
 
     _install_error_handlers(app)
     if settings.cors_origins:
