@@ -422,7 +422,7 @@ def test_a_second_signal_exits_at_once(exported_model, subprocess_env):  # noqa:
     try:
         wait_ready(url)
         # A big full-image request keeps the model busy while the signals come.
-        image = encode(textured_rgb(1024, 1024))
+        image = encode(textured_rgb(2048, 2048))
         body, kind = multipart(
             [("image", "i.png", image), ("boxes", None, b"10,10,500,500"), ("strategy", None, b"full")]
         )

@@ -149,8 +149,11 @@ class GantoolServer(uvicorn.Server):
         try:
             yield
         finally:
-            for sig, handler in originals.items():
-                signal.signal(sig, handler)
+            # After a signal the handlers stay: a second one, even while the process winds
+            # down, exits at once (never a KeyboardInterrupt traceback).
+            if self.signal_received is None:
+                for sig, handler in originals.items():
+                    signal.signal(sig, handler)
         # uvicorn re-raises the signal here (a KeyboardInterrupt for SIGINT): run_server returns it instead.
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
