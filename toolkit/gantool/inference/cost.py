@@ -64,13 +64,18 @@ def estimate_cost(
     size_multiple: int,
     crop_margin: int | None = None,
     batch: int = 1,
+    max_holes: int | None = None,
 ) -> Cost:
     """The cost of inpainting an image with hole ``mask`` (H x W) by ``strategy``.
 
     The windows are planned as :func:`gantool.inference.inpainter.plan_windows` plans them
-    (near-linear in the hole count), so this is cheap next to the model.
+    (near-linear in the hole count), so this is cheap next to the model. With
+    ``max_holes``, more holes raise :class:`SizeLimitError` before any planning.
     """
     height, width = mask.shape
+    holes = count_holes(mask)
+    if max_holes is not None:
+        check_cost(Cost(height * width, holes, 0, 0, 0, 0), max_holes=max_holes)
     windows = plan_windows(mask, strategy, train_size, crop_margin)
     sizes = []
     for window in windows:
@@ -83,7 +88,7 @@ def estimate_cost(
     peak = (
         height * width * IMAGE_BYTES_PER_PIXEL + at_once * MODEL_BYTES_PER_PIXEL + model_pixels * WINDOW_BYTES_PER_PIXEL
     )
-    return Cost(height * width, count_holes(mask), len(windows), model_pixels, largest, peak)
+    return Cost(height * width, holes, len(windows), model_pixels, largest, peak)
 
 
 def check_cost(

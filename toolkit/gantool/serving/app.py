@@ -350,8 +350,10 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
     app.state.begin_shutdown = begin_shutdown
 
     def plan(image: Image.Image, holes: np.ndarray, strategy: str) -> Cost:
-        cost = estimate_cost(holes, strategy, backend.train_size, backend.size_multiple, inpainter.crop_margin)
-        return check_cost(cost, max_model_pixels=settings.max_model_pixels, max_holes=settings.max_holes)
+        cost = estimate_cost(
+            holes, strategy, backend.train_size, backend.size_multiple, inpainter.crop_margin, 1, settings.max_holes
+        )
+        return check_cost(cost, max_model_pixels=settings.max_model_pixels)
 
     @app.post(
         INPAINT_PATH,
