@@ -77,7 +77,7 @@ DEFAULT_SERVE_MAX_HEADER_KB = 64
 DEFAULT_SERVE_SHUTDOWN_TIMEOUT = 5.0
 # Per request, checked from the hole mask before the model runs (gantool.inference.cost): pixels
 # through the model (all windows), and hole components (each is one window and one blend).
-DEFAULT_SERVE_MAX_MODEL_PIXELS = 16_000_000
+DEFAULT_SERVE_MAX_MODEL_PIXELS = 4_000_000
 DEFAULT_SERVE_MAX_HOLES = 500
 # ``gantool inpaint --ray``: the run's JSON-lines record, in the output folder unless --manifest says.
 RAY_MANIFEST_NAME = "gantool-manifest.jsonl"
