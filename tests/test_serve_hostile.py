@@ -447,3 +447,18 @@ def test_a_second_signal_exits_at_once(exported_model, subprocess_env):  # noqa:
             process.wait(10)
     stderr = process.stderr.read() if process.stderr else ""
     assert "Traceback" not in stderr and "again, exiting now" in stderr, stderr
+
+
+@pytest.mark.slow
+def test_bench_serve_hostile_runs_and_reports(exported_model):  # noqa: F811
+    from gantool.tools.bench_hostile import bench_serve_hostile
+
+    result = bench_serve_hostile(
+        exported_model.folder, requests=4, concurrency=1, size=64, trickling=2, rounds=1, provider="cpu", timeout_s=300
+    )
+    assert [row["hostile"] for row in result["per_round"]] == [False, True]
+    assert all(row["ok"] == 4 and row["errors"] == 0 for row in result["per_round"])
+    assert result["per_round"][1]["trickled_bytes"] > 0  # the slow clients really sent
+    assert result["holes"]["count"] == 1000 and result["holes"]["many_status"] == 413  # over --max-holes
+    assert result["healthz_keepalive_ms"]["median"] > 0 and result["rss_mb"]["peak"] > 0
+    assert set(result["goals"]) == {"hostile_throughput", "healthz_keepalive", "many_holes"}

@@ -43,14 +43,19 @@ def _process_peak_rss_mb(pid: int) -> float | None:
     return None
 
 
-def _dotted_mask(size: int, holes: int) -> np.ndarray:
-    """``holes`` separate 2 x 2 holes on a grid (8-connected apart)."""
-    mask = np.zeros((size, size), np.uint8)
-    per_row = max(1, int(np.ceil(np.sqrt(holes))))
-    step = max(4, size // (per_row + 1))
+def _holes_side(size: int, holes: int) -> int:
+    """An image side that fits ``holes`` separate 2 x 2 holes 4 px apart (at least ``size``)."""
+    return max(size, 4 * int(np.ceil(np.sqrt(holes))) + 8)
+
+
+def _dotted_mask(side: int, holes: int) -> np.ndarray:
+    """``holes`` separate 2 x 2 holes on a grid (8-connected apart); ``side`` from :func:`_holes_side`."""
+    mask = np.zeros((side, side), np.uint8)
+    per_row = int(np.ceil(np.sqrt(holes)))
+    step = side // (per_row + 1)
     for index in range(holes):
         row, col = divmod(index, per_row)
-        y, x = (row + 1) * step % (size - 2), (col + 1) * step % (size - 2)
+        y, x = (row + 1) * step, (col + 1) * step
         mask[y : y + 2, x : x + 2] = 255
     return mask
 
@@ -178,8 +183,9 @@ def bench_serve_hostile(
         connection.close()
 
         # One hole against many_holes, interleaved.
-        rgb = _serve_inputs(size, 1)[0][0]
-        one, many = _dotted_mask(size, 1), _dotted_mask(size, many_holes)
+        side = _holes_side(size, many_holes)
+        rgb = _serve_inputs(side, 1)[0][0]
+        one, many = _dotted_mask(side, 1), _dotted_mask(side, many_holes)
         timing: dict[str, list[float]] = {"one": [], "many": []}
         uploads = {
             "one": _multipart(_png(rgb), _png(one), boundary),
@@ -214,7 +220,7 @@ def bench_serve_hostile(
         "ratio": statistics.median(pairs),
         "ratio_range": [min(pairs), max(pairs)],
         "healthz_keepalive_ms": {"median": statistics.median(healthz_ms), "p99": float(np.percentile(healthz_ms, 99))},
-        "holes": {"count": many_holes, "one_s": one_s, "many_s": many_s, "many_status": many_status},
+        "holes": {"count": many_holes, "side": side, "one_s": one_s, "many_s": many_s, "many_status": many_status},
         "rss_mb": {"after_all": rss_end, "peak": peak},
         "goals": {
             "hostile_throughput": {
