@@ -57,6 +57,7 @@ PARITY = "test_parity.py"
 STALE = "test_nothing_stale.py"
 INPUTS = "test_inpaint_inputs.py"
 RAYS = "test_ray_inpaint.py"
+HOSTILE = "test_serve_hostile.py"
 
 MUTANTS: list[Mutant] = [
     # ---------------------------------------------------------------- loss targets and weights
@@ -645,6 +646,62 @@ MUTANTS: list[Mutant] = [
         "    previous = signal.signal(signal.SIGTERM, handler)",
         "    previous = signal.getsignal(signal.SIGTERM)",
         (f"{RAYS}::test_after_a_signal_the_manifest_lists_every_input_once_in_its_true_state",),
+    # ------------------------------------------------------------- serve under hostile clients (#21)
+    Mutant(
+        "serve_tcp_nodelay_unset",
+        "serving/server.py",
+        "        set_nodelay(transport)\n        self._header_timer",
+        "        self._header_timer",
+        (f"{HOSTILE}::test_tcp_nodelay_is_set_on_accepted_connections",),
+    ),
+    Mutant(
+        "serve_slow_body_never_dropped",
+        "serving/limits.py",
+        "                if left <= 0:",
+        "                if False:",
+        (f"{HOSTILE}::test_slow_uploads_hold_no_slot_and_are_dropped_at_the_deadline",),
+    ),
+    Mutant(
+        "serve_header_limit_gone",
+        "serving/server.py",
+        "            if (end < 0 and len(buffered) > self.max_header_bytes) or end > self.max_header_bytes:",
+        "            if False:",
+        (f"{HOSTILE}::test_headers_over_the_limit_are_431_json",),
+    ),
+    Mutant(
+        "decode_any_format",
+        "core/processing.py",
+        "            with Image.open(source, formats=DECODE_FORMATS) as img:",
+        "            with Image.open(source) as img:",
+        (f"{HOSTILE}::test_only_allowed_formats_are_decoded_and_no_program_runs",),
+    ),
+    Mutant(
+        "serve_origin_unchecked",
+        "serving/limits.py",
+        "            if text != own and text not in self.origins:",
+        "            if False:",
+        (f"{HOSTILE}::test_host_and_origin_are_checked_before_any_work",),
+    ),
+    Mutant(
+        "serve_departed_client_computed",
+        "serving/app.py",
+        "            future.cancel()\n            waiting.cancel()",
+        "            waiting.cancel()",
+        (f"{HOSTILE}::test_a_client_that_left_costs_no_model_run",),
+    ),
+    Mutant(
+        "crop_windows_one_merge_pass",
+        "inference/planning.py",
+        "        if len(merged) == len(current):",
+        "        if True:",
+        (f"{HOSTILE}::test_crop_windows_match_the_pairwise_merge",),
+    ),
+    Mutant(
+        "serve_second_signal_default_handler",
+        "serving/server.py",
+        "            if self.signal_received is None:\n                for sig, handler",
+        "            if True:\n                for sig, handler",
+        (f"{HOSTILE}::test_a_second_signal_exits_at_once",),
         ci=False,
     ),
 ]

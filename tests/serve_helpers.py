@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 from PIL import Image
@@ -58,25 +60,72 @@ def wait_ready(base_url: str, timeout: float = 120.0) -> None:
 
 
 @contextmanager
-def live_server(app: Any) -> Iterator[str]:
-    """Run ``app`` with uvicorn on a free 127.0.0.1 port in a thread; yields its URL."""
-    import uvicorn
-
-    from gantool.serving.app import bind_socket, url_of
+def running_server(app: Any) -> Iterator[tuple[str, Any]]:
+    """Run ``app`` with gantool's server on a free 127.0.0.1 port in a thread; yields (URL, server)."""
+    from gantool.serving.server import bind_socket, make_server, url_of
 
     sock = bind_socket("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = make_server(app)  # the real protocol: header limits, deadlines, TCP_NODELAY
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
     while not server.started and thread.is_alive() and time.monotonic() < deadline:
         time.sleep(0.02)
     try:
-        yield url_of(sock)
+        yield url_of(sock), server
     finally:
         server.should_exit = True
         thread.join(60)
         sock.close()
+
+
+@contextmanager
+def live_server(app: Any) -> Iterator[str]:
+    """Run ``app`` on a free 127.0.0.1 port in a thread; yields its URL."""
+    with running_server(app) as (url, _):
+        yield url
+
+
+def raw_connect(url: str, timeout: float = 10.0) -> socket.socket:
+    """A plain TCP connection to the server at ``url`` (for slow and malformed clients)."""
+    host, port = urlsplit(url).hostname, urlsplit(url).port
+    sock = socket.create_connection((host, port), timeout=timeout)
+    return sock
+
+
+_LEFTOVER: dict[int, bytes] = {}  # bytes read past one response, by socket id (pipelined answers)
+
+
+def read_response(sock: socket.socket, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP response from ``sock`` (status, lower-case headers, body by Content-Length)."""
+    sock.settimeout(timeout)
+    data = _LEFTOVER.pop(id(sock), b"")
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed before a response: {data!r}")
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    length = int(headers.get("content-length", "0"))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    _LEFTOVER[id(sock)] = body[length:]
+    return status, headers, body[:length]
+
+
+def multipart(fields: list[tuple[str, str | None, bytes]], boundary: str = "gantoolboundary") -> tuple[bytes, str]:
+    """A multipart/form-data body from (name, filename or None for a text field, bytes)."""
+    parts = []
+    for name, filename, data in fields:
+        disposition = f'form-data; name="{name}"' + (f'; filename="{filename}"' if filename else "")
+        parts.append(f"--{boundary}\r\nContent-Disposition: {disposition}\r\n\r\n".encode() + data + b"\r\n")
+    return b"".join(parts) + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
 
 
 @contextmanager

@@ -28,7 +28,8 @@ with warnings.catch_warnings():  # starlette's TestClient warns about httpx's fu
 from gantool import Inpainter
 from gantool.cli import cli
 from gantool.inference.inpainter import inpaint_images
-from gantool.serving.app import ServeSettings, build_app, is_loopback
+from gantool.serving.app import build_app
+from gantool.serving.settings import ServeSettings, is_loopback
 from inpaint_helpers import exported_model, textured_rgb  # noqa: F401 (fixture)
 from serve_helpers import (
     decode,

@@ -362,14 +362,29 @@ def _bench_ray(model: str | None, as_json: bool, actors: int | None, address: st
     type=click.FloatRange(min=1),
     help="Seconds for the whole run; no request starts after it.",
 )
+@click.option(
+    "--hostile",
+    is_flag=True,
+    help="Rounds with and without --trickling slow clients (A, B, A, B), keep-alive /healthz, a 1,000-hole request.",
+)
+@click.option(
+    "--trickling",
+    default=16,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="With --hostile: slow clients sending one byte a second.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def bench_serve(model: str | None, as_json: bool, **options) -> None:
+def bench_serve(model: str | None, as_json: bool, hostile: bool, trickling: int, **options) -> None:
     """Latency percentiles, images/s, errors and server memory of `gantool serve`
     on loopback, beside the in-process Inpainter's images/s on the same images."""
     from gantool.cli.serve_cmd import INSTALL_HINT, missing_serve_packages
 
     if missing_serve_packages():
         raise click.ClickException(INSTALL_HINT)
+    if hostile:
+        _bench_serve_hostile(model, as_json, trickling, options)
+        return
     from gantool.tools.bench_serve import bench_serve as run
 
     result = run(model, **options)
@@ -428,3 +443,35 @@ def bench_serve(model: str | None, as_json: bool, **options) -> None:
         + ("n/a" if growth is None else f"{growth:+.1%}")
         + f" -> {'met' if goals['rss_stable']['met'] else 'NOT met'}"
     )
+
+
+def _bench_serve_hostile(model: str | None, as_json: bool, trickling: int, options: dict) -> None:
+    from gantool.tools.bench_hostile import bench_serve_hostile
+
+    result = bench_serve_hostile(model, requests=options["requests"], concurrency=options["concurrency"],
+                                 size=options["size"], trickling=trickling, rounds=options["rounds"],
+                                 provider=options["provider"], backend=options["backend"],
+                                 timeout_s=options["timeout_s"])  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    load = ", ".join(f"{v:.1f}" for v in result["load_average"])
+    click.echo(f"serve --hostile benchmark: {result['requests']} requests of {result['size']} px from "
+               f"{result['concurrency']} clients per round, {result['trickling']} trickling clients in B rounds; "
+               f"{result['cpu_count']} CPUs, load average {load}")  # fmt: skip
+    echo_table(["round", "images/s", "ok / errors", "p99 ms"], [
+        ["B (trickling)" if row["hostile"] else "A (normal)", f"{row['images_per_s']:.2f}",
+         f"{row['ok']} / {row['errors']}", f"{row['p99_ms']:.0f}"] for row in result["per_round"]
+    ])  # fmt: skip
+    goals, holes, healthz = result["goals"], result["holes"], result["healthz_keepalive_ms"]
+    low, high = result["ratio_range"]
+    met = {True: "met", False: "NOT met"}
+    click.echo(f"goal B/A >= {goals['hostile_throughput']['goal']}x with 0 errors: {result['ratio']:.2f}x "
+               f"({low:.2f}-{high:.2f}) -> {met[goals['hostile_throughput']['met']]}")  # fmt: skip
+    click.echo(f"goal keep-alive /healthz median < {goals['healthz_keepalive']['goal_ms']:g} ms: "
+               f"{healthz['median']:.2f} ms (p99 {healthz['p99']:.2f}) -> {met[goals['healthz_keepalive']['met']]}")  # fmt: skip
+    click.echo(f"goal {holes['count']} holes within 2x one hole, or refused < 100 ms: one {holes['one_s'] * 1e3:.0f} ms, "
+               f"{holes['count']} {holes['many_s'] * 1e3:.0f} ms (HTTP {holes['many_status']}) "
+               f"-> {met[goals['many_holes']['met']]}")  # fmt: skip
+    rss = result["rss_mb"]
+    click.echo(f"server RSS MB: peak {rss['peak']}, after all {rss['after_all']}")

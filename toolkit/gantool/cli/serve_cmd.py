@@ -1,4 +1,4 @@
-"""``gantool serve``: open the model once, then serve the API and the page (gantool.serving.app)."""
+"""``gantool serve``: open the model once, then serve the API and the page (gantool.serving)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,16 @@ from gantool.cli.options import (
 )
 from gantool.core.constants import (
     DEFAULT_SERVE_HOST,
+    DEFAULT_SERVE_MAX_HEADER_KB,
+    DEFAULT_SERVE_MAX_HOLES,
+    DEFAULT_SERVE_MAX_MODEL_PIXELS,
     DEFAULT_SERVE_MAX_PIXELS,
     DEFAULT_SERVE_MAX_QUEUE,
     DEFAULT_SERVE_MAX_UPLOAD_MB,
+    DEFAULT_SERVE_MIN_UPLOAD_RATE_KB,
     DEFAULT_SERVE_PORT,
+    DEFAULT_SERVE_READ_TIMEOUT,
+    DEFAULT_SERVE_SHUTDOWN_TIMEOUT,
 )
 
 # Modules of the serve extra; any one name of a tuple will do (python-multipart
@@ -82,6 +88,55 @@ def missing_serve_packages() -> list[str]:
     help="Largest image or mask, checked from its header before decoding (413).",
 )
 @click.option(
+    "--max-model-pixels",
+    type=click.IntRange(min=1),
+    default=DEFAULT_SERVE_MAX_MODEL_PIXELS,
+    show_default=True,
+    help="Pixels one request may run through the model (all its windows), checked before it runs (413).",
+)
+@click.option(
+    "--max-holes",
+    type=click.IntRange(min=1),
+    default=DEFAULT_SERVE_MAX_HOLES,
+    show_default=True,
+    help="Separate holes one request may have, checked before the model runs (413).",
+)
+@click.option(
+    "--read-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_SERVE_READ_TIMEOUT,
+    show_default=True,
+    help="Seconds for a request's headers, and for its body plus 1 s per --min-upload-rate-kb (408).",
+)
+@click.option(
+    "--min-upload-rate-kb",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_SERVE_MIN_UPLOAD_RATE_KB,
+    show_default=True,
+    help="Slowest upload kept past --read-timeout, in KB/s.",
+)
+@click.option(
+    "--max-header-kb",
+    type=click.IntRange(min=1),
+    default=DEFAULT_SERVE_MAX_HEADER_KB,
+    show_default=True,
+    help="Largest request line and headers (431).",
+)
+@click.option(
+    "--shutdown-timeout",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_SERVE_SHUTDOWN_TIMEOUT,
+    show_default=True,
+    help="Seconds running requests get after the first Ctrl-C or SIGTERM; a second one exits at once.",
+)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="Host header names answered (repeatable; * any). Default: on loopback, the address and localhost.",
+)
+@click.option(
     "--api-key",
     envvar="GANTOOL_API_KEY",
     metavar="KEY",
@@ -108,6 +163,13 @@ def serve(
     max_queue: int,
     max_upload_mb: float,
     max_pixels: int,
+    max_model_pixels: int,
+    max_holes: int,
+    read_timeout: float,
+    min_upload_rate_kb: float,
+    max_header_kb: int,
+    shutdown_timeout: float,
+    allowed_hosts: tuple[str, ...],
     api_key: str | None,
     cors_origins: tuple[str, ...],
 ) -> None:
@@ -121,14 +183,9 @@ def serve(
         raise click.ClickException(INSTALL_HINT)
     # Imported here: the serve extra (FastAPI) and the model runtimes are heavy.
     from gantool import Inpainter
-    from gantool.serving.app import (
-        ServeSettings,
-        bind_socket,
-        build_app,
-        is_loopback,
-        run_server,
-        url_of,
-    )
+    from gantool.serving.app import build_app
+    from gantool.serving.server import bind_socket, run_server, url_of
+    from gantool.serving.settings import ServeSettings, default_allowed_hosts, is_loopback
 
     settings = ServeSettings(
         max_batch=max_batch,
@@ -139,6 +196,13 @@ def serve(
         api_key=api_key or None,
         cors_origins=cors_origins,
         strategy=strategy,
+        read_timeout=read_timeout,
+        min_upload_rate_kb=min_upload_rate_kb,
+        max_header_kb=max_header_kb,
+        shutdown_timeout=shutdown_timeout,
+        max_model_pixels=max_model_pixels,
+        max_holes=max_holes,
+        allowed_hosts=allowed_hosts or default_allowed_hosts(host),
     )
     inpainter = Inpainter(
         model,
@@ -163,4 +227,7 @@ def serve(
         f"serving on {url_of(sock)}/ (API {url_of(sock)}/v1/inpaint, docs {url_of(sock)}/docs); Ctrl-C stops",
         nl=True,
     )
-    run_server(build_app(inpainter, settings), sock)
+    stopped_by = run_server(build_app(inpainter, settings), sock, settings, lambda line: click.echo(line, err=True))
+    if stopped_by is not None:
+        click.echo("stopped", err=True)
+        raise SystemExit(128 + stopped_by)  # 130 for SIGINT, 143 for SIGTERM, as a shell reports

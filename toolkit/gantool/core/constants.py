@@ -52,7 +52,11 @@ AUTO_CROP_FACTOR = 2
 # ``crop`` context around each hole, as a fraction of the train size.
 CROP_MARGIN_FRACTION = 0.25
 
-# `gantool serve` defaults (see gantool.serving.app).
+# Image formats gantool decodes (Pillow format names), for files and uploads alike: never EPS/PS/PDF
+# or anything else that makes Pillow run an external program (EPS runs Ghostscript from PATH).
+DECODE_FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "TIFF", "GIF")
+
+# `gantool serve` defaults (see gantool.serving).
 DEFAULT_SERVE_HOST = "127.0.0.1"
 DEFAULT_SERVE_PORT = 8000
 # Requests that arrive within BATCH_WAIT_MS of the first one run together, up to MAX_BATCH.
@@ -66,6 +70,18 @@ DEFAULT_SERVE_MAX_UPLOAD_MB = 50.0
 # 40 MP: a 4000 x 3000 photo (12 MP) fits with room; decoded size is checked before decoding.
 DEFAULT_SERVE_MAX_PIXELS = 40_000_000
 SERVE_OUTPUT_FORMATS = ("png", "webp")
+# Header and body reads: a request must arrive within READ_TIMEOUT s, plus 1 s per
+# MIN_UPLOAD_RATE KB of body; slower or silent clients are dropped (408) without holding a slot.
+DEFAULT_SERVE_READ_TIMEOUT = 30.0
+DEFAULT_SERVE_MIN_UPLOAD_RATE_KB = 32.0
+# The request line and headers together (431 above).
+DEFAULT_SERVE_MAX_HEADER_KB = 64
+# First SIGINT/SIGTERM: in-flight requests get this long to finish; a second signal exits at once.
+DEFAULT_SERVE_SHUTDOWN_TIMEOUT = 5.0
+# Per request, checked from the hole mask before the model runs (gantool.inference.cost): pixels
+# through the model (all windows), and hole components (each is one window and one blend).
+DEFAULT_SERVE_MAX_MODEL_PIXELS = 4_000_000
+DEFAULT_SERVE_MAX_HOLES = 500
 # ``gantool inpaint --ray``: the run's JSON-lines record, in the output folder unless --manifest says.
 RAY_MANIFEST_NAME = "gantool-manifest.jsonl"
 # --ray-address: seconds to reach and join the cluster before failing in one line.

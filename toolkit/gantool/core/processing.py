@@ -27,7 +27,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from gantool.core.config import NETWORK_STRIDE, ModelConfig
-from gantool.core.constants import BLEND_MODES
+from gantool.core.constants import BLEND_MODES, DECODE_FORMATS
 from gantool.core.errors import InputError, SizeLimitError, check_choice, first_line
 
 log = logging.getLogger(__name__)
@@ -159,7 +159,8 @@ def read_image(
         with warnings.catch_warnings():
             # A decompression-bomb warning is not an error here; huge images are allowed.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(source) as img:
+            # Only the allow-list: Pillow would run Ghostscript for EPS.
+            with Image.open(source, formats=DECODE_FORMATS) as img:
                 if max_pixels is not None and img.width * img.height > max_pixels:
                     raise SizeLimitError(
                         f"{label} is {img.width}x{img.height} = {img.width * img.height} pixels, "
@@ -181,6 +182,8 @@ def read_image(
     except FileNotFoundError:
         raise InputError(f"file not found: {source}") from None
     except Image.DecompressionBombError as e:  # over Pillow's own limit (2x MAX_IMAGE_PIXELS)
+        if max_pixels is not None:  # the caller's limit is the one to name
+            raise SizeLimitError(f"{label} is over the limit of {max_pixels} pixels") from None
         raise SizeLimitError(
             f"cannot read {label}: {first_line(e)} (Pillow's decompression-bomb limit); "
             "if you trust the file, raise the limit with --max-pixels N (max_pixels= in Python)"
@@ -189,7 +192,7 @@ def read_image(
         if isinstance(source, Path):
             raise InputError(f"cannot read {label}: {first_line(e)}") from None
         # Pillow's message names the file object's repr: say what it means instead.
-        raise InputError(f"cannot read {label}: not an image, or a format Pillow cannot decode") from None
+        raise InputError(f"cannot read {label}: not an image, or not one of {', '.join(DECODE_FORMATS)}") from None
     except (OSError, ValueError, SyntaxError) as e:
         raise InputError(f"cannot read {label}: {first_line(e)}") from None
     if lossless:

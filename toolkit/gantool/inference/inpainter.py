@@ -55,6 +55,7 @@ from gantool.core.processing import (
     resize_array,
     resize_mask,
 )
+from gantool.inference.planning import merge_overlapping
 from gantool.runtime.backends import Backend, load_backend
 
 # -------------------------------------------------------------------------- strategies
@@ -132,23 +133,14 @@ def crop_windows(mask: np.ndarray, train_size: int, margin: int | None = None) -
     height, width = mask.shape
     if margin is None:
         margin = max(4, round(train_size * CROP_MARGIN_FRACTION))
-    windows = []
+    boxes = []
     for top, left, bottom, right in hole_boxes(mask):
         t, b = _span(top - margin, bottom + margin, train_size, height)
         l, r = _span(left - margin, right + margin, train_size, width)
-        windows.append(Window(t, l, b - t, r - l))
-    merged = True
-    while merged:
-        merged = False
-        for i in range(len(windows)):
-            for j in range(i + 1, len(windows)):
-                if windows[i].overlaps(windows[j]):
-                    windows[i] = windows[i].union(windows.pop(j))
-                    merged = True
-                    break
-            if merged:
-                break
-    return windows
+        boxes.append((t, l, b, r))
+    # Every window is at least min(train_size, image side) high and wide: the grid's cell.
+    merged = merge_overlapping(boxes, min(train_size, height, width))
+    return [Window(t, l, b - t, r - l) for t, l, b, r in merged]
 
 
 def plan_windows(mask: np.ndarray, strategy: str, train_size: int, crop_margin: int | None = None) -> list[Window]:

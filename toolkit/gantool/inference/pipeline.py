@@ -47,6 +47,7 @@ from gantool.core.processing import (
     read_image,
     save_png,
 )
+from gantool.inference.cost import available_memory, check_cost, estimate_cost
 from gantool.inference.inpainter import ModelFills, boxes_to_mask, check_mask_size, fill_images, finish_image
 from gantool.runtime.backends import Backend, load_backend
 
@@ -425,7 +426,11 @@ def inpaint_files(
                 failed.append(skipped(job))
                 continue
             try:
-                loaded.append((job, *load_job(job, masks, overwrite, protected)))
+                image, mask = load_job(job, masks, overwrite, protected)
+                # Refused with a message here rather than killed by the kernel mid-run.
+                cost = estimate_cost(mask, strategy, backend.train_size, backend.size_multiple, crop_margin, batch_size)
+                check_cost(cost, max_bytes=available_memory())
+                loaded.append((job, image, mask))
             except NoHole:
                 failed.append(no_hole(job))
             except FILE_ERRORS as e:

@@ -1,0 +1,258 @@
+"""The ASGI guard in front of the app: everything decided before any work.
+
+In order, for every HTTP request: ``nosniff`` on the answer; the ``Host`` allow-list
+(400, DNS rebinding); ``Origin`` neither this server's nor a ``--cors-origin`` (403,
+cross-site form posts need no preflight); the API key (401). Then, for a request with
+a body: its length (411 without one, 413 over ``--max-upload-mb``), and the body read
+in full under a deadline (``--read-timeout`` plus one second per ``--min-upload-rate-kb``
+KB received; 408 past it) *before* the request takes a queue slot, so slow or silent
+clients hold a connection, never a slot. Only then admission (503 with ``Retry-After``
+when ``--max-queue`` requests are inside) and the app, which sees the body replayed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from gantool.serving.settings import INPAINT_PATH, ServeSettings
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+NOSNIFF = (b"x-content-type-options", b"nosniff")
+BODY_METHODS = ("POST", "PUT", "PATCH")
+# How often a body read looks at the shutdown flag while it waits for a slow client.
+POLL_S = 0.25
+
+
+@dataclass
+class Counters:
+    """Shared by the guard, the app and the server: what is inside, and whether it is stopping."""
+
+    in_flight: int = 0  # requests admitted (body read) and not answered
+    reading: int = 0  # bodies being read
+    buffered: int = 0  # bytes reserved by the bodies being read or held
+    draining: bool = False  # the first signal came: new work gets 503
+
+
+def error_body(message: str) -> bytes:
+    return json.dumps({"error": message}).encode()
+
+
+async def send_error(
+    send: Send, status: int, message: str, headers: dict[str, str] | None = None, close: bool = False
+) -> None:
+    body = error_body(message)
+    raw = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        NOSNIFF,
+    ]
+    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    if close:  # the rest of the body was not read: this connection cannot carry another request
+        raw.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Refused(Exception):
+    """A request answered by the guard: status, message, headers, and whether to close."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None, close: bool = False):
+        super().__init__(message)
+        self.status, self.message, self.headers, self.close = status, message, headers, close
+
+
+class _ClientGone(Exception):
+    pass
+
+
+def _host_name(value: str) -> str:
+    """``Host`` without its port: ``example.com:80`` -> ``example.com``, ``[::1]:8000`` -> ``::1``."""
+    if value.startswith("["):
+        return value[1:].split("]", 1)[0]
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+class Guard:
+    """The checks above, as ASGI middleware around the FastAPI app (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp, settings: ServeSettings, counters: Counters) -> None:
+        self.app = app
+        self.settings = settings
+        self.counters = counters
+        self.api_key = settings.api_key.encode() if settings.api_key else None
+        hosts = settings.allowed_hosts
+        self.any_host = not hosts or "*" in hosts
+        self.hosts = {h.lower() for h in hosts}
+        self.origins = set(settings.cors_origins)
+        # Bodies being read may reserve this much together; more wait outside (503).
+        self.buffer_budget = settings.max_queue * settings.max_body_bytes
+
+    # -------------------------------------------------------------------- header checks
+
+    def _authorized(self, headers: dict[bytes, bytes]) -> bool:
+        assert self.api_key is not None
+        given = headers.get(b"x-api-key")
+        auth = headers.get(b"authorization", b"")
+        if given is None and auth[:7].lower() == b"bearer ":
+            given = auth[7:].strip()
+        return given is not None and secrets.compare_digest(given, self.api_key)
+
+    def check_headers(self, scope: Scope, headers: dict[bytes, bytes]) -> None:
+        host = headers.get(b"host", b"").decode("latin-1")
+        if not self.any_host and _host_name(host).lower() not in self.hosts and host.lower() not in self.hosts:
+            raise Refused(400, f"Host {host!r} is not served here (see --allowed-host)")
+        origin = headers.get(b"origin")
+        if origin is not None:
+            text = origin.decode("latin-1")
+            own = f"{scope.get('scheme', 'http')}://{host}"
+            if text != own and text not in self.origins:
+                raise Refused(403, f"requests from pages at {text} are not allowed (see --cors-origin)")
+        protected = self.api_key is not None and scope["path"].startswith("/v1/") and scope["method"] != "OPTIONS"
+        if protected and not self._authorized(headers):
+            raise Refused(
+                401,
+                "missing or wrong API key (send Authorization: Bearer KEY or X-API-Key: KEY)",
+                {"WWW-Authenticate": "Bearer"},
+            )
+
+    def declared_length(self, scope: Scope, headers: dict[bytes, bytes]) -> int | None:
+        """The body's declared length; None for a chunked body (counted while it streams)."""
+        declared = headers.get(b"content-length")
+        if declared is None:
+            if b"chunked" in headers.get(b"transfer-encoding", b"").lower():
+                return None
+            raise Refused(411, "a request body needs a Content-Length (or chunked transfer encoding)")
+        if not declared.strip().isdigit():
+            raise Refused(400, "Content-Length must be a whole number", close=True)
+        length = int(declared)
+        if length > self.settings.max_body_bytes:
+            raise Refused(413, self._too_large(), close=True)
+        return length
+
+    def _too_large(self) -> str:
+        return f"the upload is over the limit of {self.settings.max_upload_mb:g} MB (--max-upload-mb)"
+
+    # ----------------------------------------------------------------------- body read
+
+    async def read_body(self, receive: Receive, declared: int | None, reserve: Callable[[int], None]) -> bytes:
+        """The whole body, under the deadline and the minimum rate; :class:`Refused` otherwise."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        settings = self.settings
+        chunks: list[bytes] = []
+        received = 0
+        pending: asyncio.Future[Message] | None = None
+        try:
+            while True:
+                if self.counters.draining:
+                    raise Refused(503, "the server is shutting down", {"Retry-After": "1"}, close=True)
+                left = start + settings.read_timeout + received / settings.min_upload_rate - loop.time()
+                if left <= 0:
+                    raise Refused(
+                        408,
+                        f"the body did not arrive in time ({received} bytes in {loop.time() - start:.1f} s; "
+                        f"--read-timeout {settings.read_timeout:g} s, --min-upload-rate-kb "
+                        f"{settings.min_upload_rate_kb:g})",
+                        close=True,
+                    )
+                if pending is None:
+                    pending = asyncio.ensure_future(receive())
+                done, _ = await asyncio.wait({pending}, timeout=min(left, POLL_S))
+                if not done:
+                    continue
+                message, pending = pending.result(), None
+                if message["type"] == "http.disconnect":
+                    raise _ClientGone
+                body = message.get("body", b"")
+                received += len(body)
+                if received > settings.max_body_bytes:
+                    raise Refused(413, self._too_large(), close=True)
+                if declared is None:  # chunked: reserve as it streams
+                    reserve(len(body))
+                chunks.append(body)
+                if not message.get("more_body", False):
+                    return b"".join(chunks)
+        finally:
+            if pending is not None:
+                pending.cancel()
+
+    def _reserve(self, size: int) -> None:
+        if self.counters.buffered + size > self.buffer_budget:
+            raise Refused(503, "the server is busy reading other uploads; retry shortly", {"Retry-After": "1"}, True)
+        self.counters.buffered += size
+
+    # ---------------------------------------------------------------------------- ASGI
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def nosniff_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), NOSNIFF]
+            await send(message)
+
+        headers = dict(scope.get("headers") or [])
+        counters = self.counters
+        reserved = 0
+
+        def reserve(size: int) -> None:
+            nonlocal reserved
+            self._reserve(size)
+            reserved += size
+
+        try:
+            self.check_headers(scope, headers)
+            if scope["method"] not in BODY_METHODS:
+                await self.app(scope, receive, nosniff_send)
+                return
+            admitted = scope["path"] == INPAINT_PATH and scope["method"] == "POST"
+            if admitted and counters.draining:
+                raise Refused(503, "the server is shutting down", {"Retry-After": "1"}, close=True)
+            declared = self.declared_length(scope, headers)
+            if declared is not None:
+                reserve(declared)
+            counters.reading += 1
+            try:
+                body = await self.read_body(receive, declared, reserve)
+            finally:
+                counters.reading -= 1
+            if admitted:
+                if counters.in_flight >= self.settings.max_queue:
+                    raise Refused(
+                        503,
+                        f"the server is busy ({self.settings.max_queue} requests inside); retry shortly",
+                        {"Retry-After": "1"},
+                    )
+                counters.in_flight += 1
+            replayed = False
+
+            async def replay() -> Message:
+                nonlocal replayed
+                if not replayed:
+                    replayed = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()  # the next message is http.disconnect, when the client leaves
+
+            try:
+                await self.app(scope, replay, nosniff_send)
+            finally:
+                if admitted:
+                    counters.in_flight -= 1
+        except Refused as refused:
+            await send_error(send, refused.status, refused.message, refused.headers, refused.close)
+        except _ClientGone:
+            pass
+        finally:
+            counters.buffered -= reserved

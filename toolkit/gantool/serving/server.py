@@ -1,0 +1,205 @@
+"""Running the app: the listening socket, the HTTP protocol's limits, shutdown on signals.
+
+- :func:`bind_socket` makes the listening socket (port 0 picks a free one);
+- the protocol (uvicorn's h11 one, subclassed) sets ``TCP_NODELAY`` on every accepted
+  connection (keep-alive requests would otherwise wait ~40 ms on Nagle + delayed ACK),
+  refuses headers over ``--max-header-kb`` with 431, drops a client whose request
+  headers do not arrive within ``--read-timeout`` (408), and answers malformed
+  requests with JSON;
+- :class:`GantoolServer`: the first SIGINT/SIGTERM stops accepting, answers queued and
+  still-uploading requests with 503, gives running ones ``--shutdown-timeout``, and
+  :func:`run_server` returns the signal; a second signal exits at once (one line).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable, Generator
+from http import HTTPStatus
+from types import FrameType
+from typing import Any
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from gantool.core.errors import InputError
+from gantool.serving.limits import error_body
+from gantool.serving.settings import ServeSettings
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening socket (port 0 picks a free one); connections wait in its backlog until the server runs."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as e:
+        raise InputError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(128)
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def set_nodelay(transport: asyncio.BaseTransport) -> None:
+    """``TCP_NODELAY`` on a connection's socket (asyncio sets it only on sockets it made)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class GuardedProtocol(H11Protocol):
+    """uvicorn's h11 protocol with a header-size limit, a header deadline and TCP_NODELAY."""
+
+    max_header_bytes = 64 * 1024
+    header_timeout = 30.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        set_nodelay(transport)
+        self._header_timer: asyncio.TimerHandle | None = None
+        super().connection_made(transport)
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(self.header_timeout, self._headers_late)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        waiting = self.cycle is None or self.cycle.response_complete
+        if waiting and self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            if self.conn.trailing_data[0]:  # a request had started: say why it is dropped
+                self.reply_and_close(408, f"the request headers did not arrive within {self.header_timeout:g} s")
+            else:  # an idle connection that never sent anything: just close it
+                self.transport.close()
+
+    def reply_and_close(self, status: int, message: str) -> None:
+        """A JSON answer written straight to the connection, which then closes."""
+        body = error_body(message)
+        head = (
+            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nx-content-type-options: nosniff\r\nconnection: close\r\n\r\n"
+        )
+        self.transport.write(head.encode() + body)
+        self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self.conn.their_state is h11.IDLE:  # reading a request line and headers
+            buffered = self.conn.trailing_data[0] + data
+            end = buffered.find(b"\r\n\r\n")
+            if (end < 0 and len(buffered) > self.max_header_bytes) or end > self.max_header_bytes:
+                self._disarm()
+                self.reply_and_close(431, f"the request headers are over {self.max_header_bytes // 1024} KB")
+                return
+            self._arm()
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:
+            self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        self.reply_and_close(400, "malformed HTTP request (headers, or a body longer than its Content-Length)")
+
+
+def protocol_for(settings: ServeSettings) -> type[GuardedProtocol]:
+    """:class:`GuardedProtocol` with the server's limits."""
+    return type(
+        "GantoolProtocol",
+        (GuardedProtocol,),
+        {"max_header_bytes": settings.max_header_bytes, "header_timeout": settings.read_timeout},
+    )
+
+
+class GantoolServer(uvicorn.Server):
+    """uvicorn's server with gantool's signals: see the module docstring."""
+
+    def __init__(self, config: uvicorn.Config, on_stop: Callable[[], None], notify: Callable[[str], None]) -> None:
+        super().__init__(config)
+        self.on_stop = on_stop
+        self.notify = notify
+        self.signal_received: int | None = None
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        signals = (signal.SIGINT, signal.SIGTERM)
+        originals = {sig: signal.signal(sig, self.handle_exit) for sig in signals}
+        try:
+            yield
+        finally:
+            # After a signal the handlers stay: a second one, even while the process winds
+            # down, exits at once (never a KeyboardInterrupt traceback).
+            if self.signal_received is None:
+                for sig, handler in originals.items():
+                    signal.signal(sig, handler)
+        # uvicorn re-raises the signal here (a KeyboardInterrupt for SIGINT): run_server returns it instead.
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.signal_received is not None:  # the second one: exit now, with one line
+            with contextlib.suppress(Exception):
+                sys.stderr.write(f"gantool serve: {signal.Signals(sig).name} again, exiting now\n")
+                sys.stderr.flush()
+            os._exit(128 + sig)
+        self.signal_received = sig
+        self.should_exit = True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.on_stop()  # queued and uploading requests get 503 now
+        if self.signal_received is not None:
+            self.notify(
+                f"{signal.Signals(self.signal_received).name}: stopping; running requests get up to "
+                f"{self.config.timeout_graceful_shutdown:g} s (press Ctrl-C again to exit now)"
+            )
+        await super().shutdown(sockets)
+
+
+def make_server(
+    app: Any, settings: ServeSettings | None = None, notify: Callable[[str], None] | None = None
+) -> GantoolServer:
+    """The server for ``app`` (from :func:`gantool.serving.app.build_app`) with its limits."""
+    settings = settings or getattr(app.state, "settings", None) or ServeSettings()
+    config = uvicorn.Config(
+        app,
+        http=protocol_for(settings),
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=int(settings.shutdown_timeout + 0.999),
+        h11_max_incomplete_event_size=2 * settings.max_header_bytes,  # a backstop behind the 431
+    )
+    return GantoolServer(config, getattr(app.state, "begin_shutdown", lambda: None), notify or (lambda _: None))
+
+
+def run_server(
+    app: Any,
+    sock: socket.socket,
+    settings: ServeSettings | None = None,
+    notify: Callable[[str], None] | None = None,
+) -> int | None:
+    """Serve ``app`` on ``sock`` until SIGINT or SIGTERM; returns that signal's number
+    (None if it stopped otherwise). ``notify`` gets the one line said at the first signal."""
+    server = make_server(app, settings, notify)
+    server.run(sockets=[sock])
+    return server.signal_received

@@ -1,0 +1,105 @@
+"""The server's options (:class:`ServeSettings`, the ``gantool serve`` flags), checked once."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+
+from gantool.core.constants import (
+    DEFAULT_SERVE_BATCH_WAIT_MS,
+    DEFAULT_SERVE_MAX_BATCH,
+    DEFAULT_SERVE_MAX_HEADER_KB,
+    DEFAULT_SERVE_MAX_HOLES,
+    DEFAULT_SERVE_MAX_MODEL_PIXELS,
+    DEFAULT_SERVE_MAX_PIXELS,
+    DEFAULT_SERVE_MAX_QUEUE,
+    DEFAULT_SERVE_MAX_UPLOAD_MB,
+    DEFAULT_SERVE_MIN_UPLOAD_RATE_KB,
+    DEFAULT_SERVE_READ_TIMEOUT,
+    DEFAULT_SERVE_SHUTDOWN_TIMEOUT,
+    DEFAULT_STRATEGY,
+    STRATEGIES,
+)
+from gantool.core.errors import InputError, check_choice
+
+INPAINT_PATH = "/v1/inpaint"
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and localhost: addresses other machines cannot reach."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def default_allowed_hosts(host: str) -> tuple[str, ...]:
+    """``Host`` names answered when ``--allowed-host`` is not given: on loopback the bound
+    address and localhost (a DNS-rebinding page sends its own name, refused); elsewhere
+    any, since the names that reach the machine are not known here."""
+    if not is_loopback(host):
+        return ("*",)
+    return tuple(sorted({host, "localhost"}))
+
+
+def check_api_key(key: str | None) -> str | None:
+    """The key, or InputError: one that no client could send the same way is refused at start."""
+    if key is None or key == "":
+        return None
+    if key != key.strip():
+        raise InputError("--api-key has spaces around it: no client could send it (HTTP strips them); remove them")
+    if not key.isascii() or not key.isprintable():
+        raise InputError("--api-key must be printable ASCII: browsers cannot send other characters in a header")
+    return key
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """The server's limits and options (the ``gantool serve`` flags).
+
+    ``allowed_hosts``: ``Host`` header names answered (``*`` any; a name with or without
+    its port); the CLI's default is :func:`default_allowed_hosts`. Empty: any (library use).
+    """
+
+    max_batch: int = DEFAULT_SERVE_MAX_BATCH
+    batch_wait_ms: float = DEFAULT_SERVE_BATCH_WAIT_MS
+    max_queue: int = DEFAULT_SERVE_MAX_QUEUE
+    max_upload_mb: float = DEFAULT_SERVE_MAX_UPLOAD_MB
+    max_pixels: int = DEFAULT_SERVE_MAX_PIXELS
+    api_key: str | None = None
+    cors_origins: tuple[str, ...] = ()
+    strategy: str = DEFAULT_STRATEGY
+    read_timeout: float = DEFAULT_SERVE_READ_TIMEOUT
+    min_upload_rate_kb: float = DEFAULT_SERVE_MIN_UPLOAD_RATE_KB
+    max_header_kb: int = DEFAULT_SERVE_MAX_HEADER_KB
+    shutdown_timeout: float = DEFAULT_SERVE_SHUTDOWN_TIMEOUT
+    max_model_pixels: int = DEFAULT_SERVE_MAX_MODEL_PIXELS
+    max_holes: int = DEFAULT_SERVE_MAX_HOLES
+    allowed_hosts: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.max_queue < 1:
+            raise InputError("--max-batch and --max-queue must be at least 1")
+        if self.batch_wait_ms < 0 or self.max_upload_mb <= 0 or self.max_pixels < 1:
+            raise InputError("--batch-wait-ms must be >= 0, --max-upload-mb and --max-pixels positive")
+        if self.read_timeout <= 0 or self.min_upload_rate_kb <= 0 or self.max_header_kb < 1:
+            raise InputError("--read-timeout, --min-upload-rate-kb and --max-header-kb must be positive")
+        if self.shutdown_timeout < 0 or self.max_model_pixels < 1 or self.max_holes < 1:
+            raise InputError("--shutdown-timeout must be >= 0, --max-model-pixels and --max-holes positive")
+        check_choice("strategy", self.strategy, STRATEGIES)
+        check_api_key(self.api_key)
+
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.max_upload_mb * 1024 * 1024)
+
+    @property
+    def max_header_bytes(self) -> int:
+        return self.max_header_kb * 1024
+
+    @property
+    def min_upload_rate(self) -> float:
+        """Bytes per second."""
+        return self.min_upload_rate_kb * 1024
