@@ -52,6 +52,8 @@ META_COMPILE_FLAGS = "gantool.compile_flags"  # JSON of the inductor configs use
 # int8 ONNX: the nodes left in float and what calibrated the quantization.
 META_FLOAT_NODES = "gantool.float_nodes"  # JSON list of node names
 META_CALIBRATION = "gantool.calibration"
+# The precision `--precision auto` runs (gantool export --prefer; its gate passed at export).
+META_PREFER = "gantool.prefer"
 
 # ----------------------------------------------------------------------------- the table
 

@@ -44,6 +44,7 @@ from gantool.core.artifacts import (
     META_AOTI_DEVICE,
     META_MODEL_CONFIG,
     META_PRECISION,
+    META_PREFER,
     META_SOURCE,
     META_TORCH_VERSION,
     META_TRAIN_PHASE,
@@ -58,15 +59,25 @@ from gantool.core.artifacts import (
     resolve_model,
 )
 from gantool.core.config import ModelConfig
-from gantool.core.constants import BACKEND_CHOICES, PRECISION_BACKENDS, PRECISIONS, PROVIDERS
-from gantool.core.errors import InputError, ModelError, check_choice, first_line
+from gantool.core.constants import (
+    BACKEND_CHOICES,
+    DEFAULT_PREFER,
+    PRECISION_BACKENDS,
+    PRECISIONS,
+    PREFER_CHOICES,
+    PROVIDERS,
+)
+from gantool.core.errors import InputError, ModelError, ProviderError, check_choice, first_line
 from gantool.runtime.providers import OpenedSession, cpu_isa_flags, cuda_device_visible, open_session, torch_device
+
+log = logging.getLogger(__name__)
 
 
 class Backend:
     """What every backend has; subclasses implement :meth:`_run`."""
 
     name = "backend"
+    precision_note = "as requested"  # why this precision runs (set by load_backend for --precision auto)
 
     def __init__(self, path: Path, metadata: dict[str, str], provider: str, provider_note: str) -> None:
         self.path = path
@@ -435,38 +446,127 @@ def check_aoti_package(path: Path, metadata: dict[str, str], device: Any, cpu_fl
             raise ModelError(f"{path.name} was compiled for {built_arch}, this GPU is {arch}: {again}")
 
 
+def _openvino_backend(path: str | Path, provider: str = "auto", precision: str = "auto") -> Backend:
+    from gantool.runtime.openvino import OpenVinoBackend  # delayed: it subclasses Backend (and imports openvino)
+
+    return OpenVinoBackend(path, provider, precision)
+
+
 # The backends by name (gantool.core.constants.BACKENDS lists the same names, in "auto" order).
 BACKEND_CLASSES: dict[str, Callable[..., Backend]] = {
     "onnx": OnnxBackend,
+    "openvino": _openvino_backend,
     "pt2": Pt2Backend,
     "torchscript": TorchScriptBackend,
     "eager": EagerBackend,
     "aoti": AotiBackend,
 }
+# Backends that open another backend's files (OpenVINO reads the ONNX exports).
+FILES_OF = {"openvino": "onnx"}
+
+
+def _gpu_likely(provider: str) -> bool:
+    return provider in ("cuda", "tensorrt") or (provider == "auto" and cuda_device_visible())
+
+
+def auto_openvino(provider: str, precision: str) -> bool:
+    """Whether ``--backend auto`` runs an ONNX file on OpenVINO rather than ONNX Runtime:
+    on the CPU, with openvino installed, at a precision it can run here."""
+    from gantool.runtime import openvino  # delayed: openvino is imported only when used
+
+    if _gpu_likely(provider) or not openvino.openvino_available() or precision == "fp16":
+        return False
+    return precision != "bf16" or openvino.bf16_native()
+
+
+def _file_metadata(path: Path) -> dict[str, str]:
+    try:
+        return read_model_metadata(path)
+    except ModelError:  # a training checkpoint, or a file without gantool metadata: no preference
+        return {}
+
+
+def preferred_precision(path: Path, name: str, provider: str) -> tuple[str, str]:
+    """What ``--precision auto`` runs for ``path`` on backend ``name``, and why.
+
+    The model's ``gantool.prefer`` (written by ``gantool export --prefer`` only when that
+    precision's gate passed) where this backend and machine run it; else "auto" (fp32, or
+    fp16 ONNX on a GPU), with a warning line naming the reason.
+    """
+    prefer = _file_metadata(path).get(META_PREFER, DEFAULT_PREFER)
+    if prefer not in PREFER_CHOICES or prefer == "fp32":
+        return "auto", "the model's default"
+    why_not = ""
+    if name not in PRECISION_BACKENDS[prefer]:
+        why_not = f"the {name} backend cannot run {prefer}"
+    elif prefer == "int8":
+        if _gpu_likely(provider):
+            why_not = "int8 runs on the CPU only"
+        elif not (
+            path.name == ARTIFACT["onnx_int8"].filename or path.with_name(ARTIFACT["onnx_int8"].filename).is_file()
+        ):
+            why_not = f"no {ARTIFACT['onnx_int8'].filename} beside {path.name}"
+    elif name == "openvino":
+        from gantool.runtime.openvino import bf16_native  # delayed: imports openvino
+
+        why_not = "" if bf16_native() else "this CPU has no native bf16"
+    else:
+        device, _ = torch_device(provider)
+        why_not = bf16_refusal(device)
+    if why_not:
+        log.warning("the model prefers %s, but %s: running fp32", prefer, why_not)
+        return "auto", f"the model prefers {prefer}, but {why_not}"
+    return prefer, f"the model prefers {prefer} (gantool export --prefer {prefer}; its gate passed at export)"
 
 
 def load_backend(
     model: str | Path | None = None, provider: str = "auto", backend: str = "auto", precision: str = "auto"
 ) -> Backend:
-    """Open ``model`` (file, export or run folder, or None for the shipped one) with ``backend`` on ``provider``."""
+    """Open ``model`` (file, export or run folder, or None for the shipped one) with ``backend`` on ``provider``.
+
+    ``backend="auto"`` runs ONNX files on OpenVINO on the CPU (:func:`auto_openvino`), falling back
+    to ONNX Runtime if OpenVINO cannot open it; ``precision="auto"`` follows the model's preference
+    (:func:`preferred_precision`). The returned backend's ``precision_note`` says why it runs what it runs.
+    """
     check_choice("provider", provider, PROVIDERS)
     check_choice("backend", backend, BACKEND_CHOICES)
     check_choice("precision", precision, PRECISIONS)
     allowed = PRECISION_BACKENDS.get(precision)
     if allowed and backend == "auto" and (model is None or Path(model).is_dir()):
         # A folder: the first backend (in auto order) that runs this precision and has a file.
-        for candidate in allowed:
+        # OpenVINO reads the ONNX files; it is a candidate only where `auto` would run it.
+        candidates = [FILES_OF.get(c, c) for c in allowed if c != "openvino" or auto_openvino(provider, precision)]
+        for candidate in candidates:
             try:
                 path, name = resolve_model(model, candidate)
                 break
             except ModelError:
                 continue
         else:
-            path, name = resolve_model(model, allowed[0])  # raises: names the missing file
+            path, name = resolve_model(model, candidates[0])  # raises: names the missing file
     else:
-        path, name = resolve_model(model, backend)
+        path, name = resolve_model(model, FILES_OF.get(backend, backend))
+        name = backend if backend in FILES_OF else name
+    picked = backend == "auto" and name == "onnx"
+    if precision == "auto":
+        on_cpu_ov = picked and auto_openvino(provider, "auto")
+        precision, precision_note = preferred_precision(path, "openvino" if on_cpu_ov else name, provider)
+    else:
+        precision_note = "as requested"
+    if picked and auto_openvino(provider, precision):
+        name = "openvino"
+    if allowed is None:
+        allowed = PRECISION_BACKENDS.get(precision)
     if allowed and name not in allowed:
         files = {p: f"an exported {ARTIFACT[f'onnx_{p}'].filename}" for p in ("fp16", "int8")}
         what = files.get(precision, "torch autocast")
         raise InputError(f"precision {precision} needs the {' or '.join(allowed)} backend ({what}), not {name}")
-    return BACKEND_CLASSES[name](path, provider, precision)
+    try:
+        opened = BACKEND_CLASSES[name](path, provider, precision)
+    except (ModelError, ProviderError) as e:
+        if not (picked and name == "openvino"):
+            raise
+        log.warning("OpenVINO could not open %s (%s); running it on ONNX Runtime", path.name, first_line(e))
+        opened = OnnxBackend(path, provider, precision)
+    opened.precision_note = precision_note
+    return opened

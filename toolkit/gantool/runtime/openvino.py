@@ -1,0 +1,154 @@
+"""The OpenVINO backend: the same ``generator.onnx`` / ``generator_int8.onnx`` on OpenVINO's CPU plugin.
+
+No new file format: OpenVINO reads gantool's ONNX exports as they are (the QDQ
+nodes of the int8 file run as int8). Precision maps to OpenVINO's
+``INFERENCE_PRECISION_HINT``:
+
+- ``fp32``: ``f32``, so the float model runs in float32 (the CPU plugin would
+  otherwise pick bf16 by itself on CPUs with AVX512-BF16 or AMX);
+- ``bf16``: ``bf16``, only where the CPU plugin reports native BF16
+  (``OPTIMIZATION_CAPABILITIES``); refused elsewhere, where it would be emulated;
+- ``int8``: ``generator_int8.onnx`` with ``f32`` for the parts left in float.
+
+The model is compiled once with its dynamic N, H and W (no recompile per request).
+OpenVINO's CPU plugin prepares kernels for each new input shape on its first run
+and keeps them in its runtime cache, so the first image of a new size pays about
+one extra run (measured in ``docs/benchmarks.md``). One compiled model serves every
+thread; each thread gets its own infer request.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gantool.core.artifacts import META_PRECISION, check_export_folder, read_model_metadata
+from gantool.core.constants import PRECISION_BACKENDS, PRECISIONS
+from gantool.core.errors import InputError, ModelError, ProviderError, check_choice, first_line
+from gantool.runtime.backends import Backend, OnnxBackend
+from gantool.runtime.providers import check_provider
+
+OV_DEVICE = "CPU"
+# gantool precision -> OpenVINO's INFERENCE_PRECISION_HINT (int8 runs from the file's QDQ nodes).
+PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}
+
+
+def openvino_available() -> bool:
+    """Whether the ``openvino`` package is installed (found without importing it)."""
+    return importlib.util.find_spec("openvino") is not None
+
+
+@functools.cache
+def _core() -> Any:
+    import openvino  # delayed: heavy import
+
+    return openvino.Core()
+
+
+def openvino_version() -> str:
+    import openvino  # delayed: heavy import
+
+    return str(openvino.get_version())
+
+
+def cpu_capabilities() -> list[str]:
+    """What OpenVINO's CPU plugin can run natively here (e.g. FP32, BF16, INT8)."""
+    return [str(c) for c in _core().get_property(OV_DEVICE, "OPTIMIZATION_CAPABILITIES")]
+
+
+def bf16_native() -> bool:
+    """Whether OpenVINO runs bf16 natively on this CPU (AVX512-BF16 or AMX)."""
+    return "BF16" in cpu_capabilities()
+
+
+def compile_config(precision: str) -> dict[str, str]:
+    """The compile properties for ``precision`` (fp32, bf16 or int8)."""
+    return {"INFERENCE_PRECISION_HINT": PRECISION_HINTS[precision], "PERFORMANCE_HINT": "LATENCY"}
+
+
+class OpenVinoBackend(Backend):
+    """OpenVINO's CPU plugin on an exported ONNX generator."""
+
+    name = "openvino"
+
+    def __init__(self, path: str | Path, provider: str = "auto", precision: str = "auto") -> None:
+        path = Path(path)
+        check_choice("precision", precision, PRECISIONS)
+        check_provider(provider)
+        if provider in ("cuda", "tensorrt"):
+            raise ProviderError(f"the openvino backend runs on the CPU; for {provider} use --backend onnx")
+        if "openvino" not in PRECISION_BACKENDS.get(precision, ("openvino",)):
+            raise InputError(
+                f"precision {precision} needs the {' or '.join(PRECISION_BACKENDS[precision])} backend, not openvino"
+            )
+        if not openvino_available():
+            raise ProviderError("the openvino backend needs the openvino package (pip install openvino)")
+        if not path.is_file():
+            raise ModelError(f"model not found: {path}")
+        self._precision = "fp32" if precision == "auto" else precision
+        if self._precision == "bf16" and not bf16_native():
+            raise InputError(
+                "precision bf16 refused on the openvino backend: this CPU has no native bf16 "
+                "(AVX512-BF16 or AMX); bf16 would be emulated and slow"
+            )
+        model_file = OnnxBackend._pick_file(path, self._precision, gpu=False)
+        if model_file != path:  # a sibling file: it must come from the same export
+            check_export_folder(path.parent)
+        try:
+            metadata = read_model_metadata(model_file)
+        except ModelError as e:
+            if "carries no gantool metadata" not in str(e):
+                raise
+            metadata = {}  # Backend warns and assumes the default config
+        core = _core()
+        try:
+            model = core.read_model(str(model_file))
+        except Exception as e:  # OpenVINO raises RuntimeError subclasses for corrupt or foreign files
+            raise ModelError(f"OpenVINO cannot read {model_file}: {first_line(e)}") from None
+        self._check_signature(model, model_file)
+        try:
+            self.compiled = core.compile_model(model, OV_DEVICE, compile_config(self._precision))
+        except Exception as e:
+            raise ModelError(f"OpenVINO cannot compile {model_file}: {first_line(e)}") from None
+        hint = PRECISION_HINTS[self._precision]
+        note = f"OpenVINO {openvino_version()} CPU plugin, INFERENCE_PRECISION_HINT={hint}"
+        super().__init__(model_file, metadata, "CPU", note)
+        self._output = self.compiled.output("inpainted")
+        self._local = threading.local()  # one infer request per thread, one compiled model for all
+
+    @staticmethod
+    def _check_signature(model: Any, path: Path) -> None:
+        inputs = sorted(name for port in model.inputs for name in port.get_names())
+        outputs = [name for port in model.outputs for name in port.get_names()]
+        if not {"image", "mask"} <= set(inputs) or "inpainted" not in outputs:
+            raise ModelError(
+                f"{path} is not a gantool generator (inputs {inputs}, outputs {outputs}; expected image, mask -> inpainted)"
+            )
+
+    @property
+    def precision(self) -> str:
+        return self._precision if self._precision != "fp32" else self.metadata.get(META_PRECISION, "fp32")
+
+    def _request(self) -> Any:
+        request = getattr(self._local, "request", None)
+        if request is None:
+            request = self._local.request = self.compiled.create_infer_request()
+        return request
+
+    def _run(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        request = self._request()
+        result = request.infer({"image": image, "mask": mask})
+        out = np.array(result[self._output], dtype=np.float32)  # a copy: the request reuses its buffer
+        if self._precision == "bf16":
+            # bf16 also rounds the graph's final composite; redo it in float32 so known pixels
+            # pass through exactly (as in the graph: image * known + out * mask).
+            out = image * (1.0 - mask) + out * mask
+        return out
+
+    def describe(self) -> str:
+        return f"openvino on CPU ({PRECISION_HINTS[self._precision]})"
