@@ -80,7 +80,9 @@ def bench_train(as_json: bool, **options) -> None:
         ],
     )
     if "speedup_vs_reference" in result:
-        click.echo(f"speed-up vs reference: {result['speedup_vs_reference']:.2f}x")
+        from gantool.tools.interleave import spread_text  # delayed: imports torch
+
+        click.echo(f"speed-up vs reference: {spread_text(result['speedup_paired'])}")
 
 
 def _int_list(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:

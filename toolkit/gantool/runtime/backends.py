@@ -461,8 +461,6 @@ BACKEND_CLASSES: dict[str, Callable[..., Backend]] = {
     "eager": EagerBackend,
     "aoti": AotiBackend,
 }
-# Backends that open another backend's files (OpenVINO reads the ONNX exports).
-FILES_OF = {"openvino": "onnx"}
 
 
 def _gpu_likely(provider: str) -> bool:
@@ -535,7 +533,7 @@ def load_backend(
     if allowed and backend == "auto" and (model is None or Path(model).is_dir()):
         # A folder: the first backend (in auto order) that runs this precision and has a file.
         # OpenVINO reads the ONNX files; it is a candidate only where `auto` would run it.
-        candidates = [FILES_OF.get(c, c) for c in allowed if c != "openvino" or auto_openvino(provider, precision)]
+        candidates = [c for c in allowed if c != "openvino" or auto_openvino(provider, precision)]
         for candidate in candidates:
             try:
                 path, name = resolve_model(model, candidate)
@@ -545,16 +543,16 @@ def load_backend(
         else:
             path, name = resolve_model(model, candidates[0])  # raises: names the missing file
     else:
-        path, name = resolve_model(model, FILES_OF.get(backend, backend))
-        name = backend if backend in FILES_OF else name
-    picked = backend == "auto" and name == "onnx"
+        path, name = resolve_model(model, backend)
+    picked = backend == "auto" and name in ("onnx", "openvino")  # auto chooses the runtime of an ONNX file
     if precision == "auto":
         on_cpu_ov = picked and auto_openvino(provider, "auto")
-        precision, precision_note = preferred_precision(path, "openvino" if on_cpu_ov else name, provider)
+        runs_on = "openvino" if on_cpu_ov else ("onnx" if picked else name)
+        precision, precision_note = preferred_precision(path, runs_on, provider)
     else:
         precision_note = "as requested"
-    if picked and auto_openvino(provider, precision):
-        name = "openvino"
+    if picked:
+        name = "openvino" if auto_openvino(provider, precision) else "onnx"
     if allowed is None:
         allowed = PRECISION_BACKENDS.get(precision)
     if allowed and name not in allowed:
