@@ -259,6 +259,38 @@ def onnxruntime_backend(session: Any) -> Backend:
     return run
 
 
+def openvino_specs(
+    files: dict[str, Path], int8_min_psnr: float, bf16_min_psnr: float, notes: list[str]
+) -> list[BackendSpec]:
+    """OpenVINO's CPU plugin on the exported ONNX files, at every precision it runs here:
+    fp32 (``f32`` hint, judged by atol), bf16 where the CPU has it (hole PSNR gate), and the
+    int8 file (its gate). Appends to ``notes`` what was not checked and why."""
+    from gantool.runtime import openvino  # delayed: imports openvino
+
+    if "onnx" not in files:
+        return []
+    if not openvino.openvino_available():
+        notes.append("openvino not checked: the openvino package is not installed")
+        return []
+    wanted: list[tuple[str, Path, str, float | None]] = [("openvino", files["onnx"], "fp32", None)]
+    if openvino.bf16_native():
+        wanted.append(("openvino-bf16", files["onnx"], "bf16", bf16_min_psnr))
+    else:
+        notes.append("openvino-bf16 not checked: this CPU has no native bf16 (AVX512-BF16/AMX)")
+    if "onnx_int8" in files:
+        wanted.append(("openvino-int8", files["onnx_int8"], "int8", int8_min_psnr))
+    return [BackendSpec(name, openvino_backend(path, p), p, None, gate) for name, path, p, gate in wanted]
+
+
+def openvino_backend(path: str | Path, precision: str = "fp32") -> Backend:
+    """An exported ONNX file on OpenVINO's CPU plugin at ``precision`` (fp32, bf16 or int8)."""
+    from gantool.runtime.openvino import compile_onnx, infer  # delayed: imports openvino
+
+    compiled = compile_onnx(path, precision)
+    request = compiled.create_infer_request()
+    return lambda image, mask: infer(compiled, request, image, mask, precision)
+
+
 def cuda_worth_trying() -> bool:
     """True when a CUDA device is plausibly there (no CUDA library is loaded to find out)."""
     return torch.cuda.is_available() or cuda_device_visible()

@@ -71,6 +71,38 @@ def compile_config(precision: str) -> dict[str, str]:
     return {"INFERENCE_PRECISION_HINT": PRECISION_HINTS[precision], "PERFORMANCE_HINT": "LATENCY"}
 
 
+def compile_onnx(path: str | Path, precision: str = "fp32") -> Any:
+    """``path`` (a gantool ONNX generator) compiled for OpenVINO's CPU plugin at ``precision``.
+
+    Its dynamic N, H and W stay dynamic: one compile serves every shape."""
+    core = _core()
+    try:
+        model = core.read_model(str(path))
+    except Exception as e:  # OpenVINO raises RuntimeError subclasses for corrupt or foreign files
+        raise ModelError(f"OpenVINO cannot read {path}: {first_line(e)}") from None
+    inputs = sorted(name for port in model.inputs for name in port.get_names())
+    outputs = [name for port in model.outputs for name in port.get_names()]
+    if not {"image", "mask"} <= set(inputs) or "inpainted" not in outputs:
+        raise ModelError(
+            f"{path} is not a gantool generator (inputs {inputs}, outputs {outputs}; expected image, mask -> inpainted)"
+        )
+    try:
+        return core.compile_model(model, OV_DEVICE, compile_config(precision))
+    except Exception as e:
+        raise ModelError(f"OpenVINO cannot compile {path}: {first_line(e)}") from None
+
+
+def infer(compiled: Any, request: Any, image: np.ndarray, mask: np.ndarray, precision: str) -> np.ndarray:
+    """One run of ``compiled`` through ``request`` on NCHW float32 arrays."""
+    result = request.infer({"image": image, "mask": mask})
+    out = np.array(result[compiled.output("inpainted")], dtype=np.float32)  # a copy: the request reuses its buffer
+    if precision == "bf16":
+        # bf16 also rounds the graph's final composite; redo it in float32 so known pixels
+        # pass through exactly (as in the graph: image * known + out * mask).
+        out = image * (1.0 - mask) + out * mask
+    return out
+
+
 class OpenVinoBackend(Backend):
     """OpenVINO's CPU plugin on an exported ONNX generator."""
 
@@ -105,30 +137,11 @@ class OpenVinoBackend(Backend):
             if "carries no gantool metadata" not in str(e):
                 raise
             metadata = {}  # Backend warns and assumes the default config
-        core = _core()
-        try:
-            model = core.read_model(str(model_file))
-        except Exception as e:  # OpenVINO raises RuntimeError subclasses for corrupt or foreign files
-            raise ModelError(f"OpenVINO cannot read {model_file}: {first_line(e)}") from None
-        self._check_signature(model, model_file)
-        try:
-            self.compiled = core.compile_model(model, OV_DEVICE, compile_config(self._precision))
-        except Exception as e:
-            raise ModelError(f"OpenVINO cannot compile {model_file}: {first_line(e)}") from None
+        self.compiled = compile_onnx(model_file, self._precision)
         hint = PRECISION_HINTS[self._precision]
         note = f"OpenVINO {openvino_version()} CPU plugin, INFERENCE_PRECISION_HINT={hint}"
         super().__init__(model_file, metadata, "CPU", note)
-        self._output = self.compiled.output("inpainted")
         self._local = threading.local()  # one infer request per thread, one compiled model for all
-
-    @staticmethod
-    def _check_signature(model: Any, path: Path) -> None:
-        inputs = sorted(name for port in model.inputs for name in port.get_names())
-        outputs = [name for port in model.outputs for name in port.get_names()]
-        if not {"image", "mask"} <= set(inputs) or "inpainted" not in outputs:
-            raise ModelError(
-                f"{path} is not a gantool generator (inputs {inputs}, outputs {outputs}; expected image, mask -> inpainted)"
-            )
 
     @property
     def precision(self) -> str:
@@ -141,14 +154,7 @@ class OpenVinoBackend(Backend):
         return request
 
     def _run(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        request = self._request()
-        result = request.infer({"image": image, "mask": mask})
-        out = np.array(result[self._output], dtype=np.float32)  # a copy: the request reuses its buffer
-        if self._precision == "bf16":
-            # bf16 also rounds the graph's final composite; redo it in float32 so known pixels
-            # pass through exactly (as in the graph: image * known + out * mask).
-            out = image * (1.0 - mask) + out * mask
-        return out
+        return infer(self.compiled, self._request(), image, mask, self._precision)
 
     def describe(self) -> str:
         return f"openvino on CPU ({PRECISION_HINTS[self._precision]})"
