@@ -55,6 +55,7 @@ from gantool.core.artifacts import (
     META_COMPILE_FLAGS,
     META_MODEL_CONFIG,
     META_PRECISION,
+    META_PREFER,
     META_PROCESSING,
     META_SOURCE,
     META_TORCH_VERSION,
@@ -69,7 +70,7 @@ from gantool.core.artifacts import (
     model_kind,
     read_model_metadata,
 )
-from gantool.core.constants import CHECKPOINTS_DIR, DEFAULT_INT8_MIN_PSNR, RUN_EXPORT_DIR
+from gantool.core.constants import CHECKPOINTS_DIR, DEFAULT_INT8_MIN_PSNR, DEFAULT_PREFER, RUN_EXPORT_DIR
 from gantool.core.errors import CheckpointError, InputError, ModelError, first_line
 from gantool.core.fileio import atomic_path, atomic_write_text, ensure_writable_dir
 from gantool.core.processing import processing_contract
@@ -77,6 +78,7 @@ from gantool.export.parity import (
     Backend,
     BackendSpec,
     ParityCase,
+    check_prefer,
     cuda_worth_trying,
     default_cases,
     failures,
@@ -501,6 +503,7 @@ def export_generator(
     calib: str | Path | None = None,
     int8_min_psnr: float = DEFAULT_INT8_MIN_PSNR,
     aoti_device: str | None = None,
+    prefer: str = DEFAULT_PREFER,
 ) -> ExportResult:
     """Export the generator of ``checkpoint_path`` and prove parity with eager PyTorch.
 
@@ -514,6 +517,7 @@ def export_generator(
     :func:`gantool.export.provenance.find_machine_traces`) unless ``keep_debug_info``.
     """
     formats = check_options(formats, opset, fp16, atol, int8)
+    prefer = check_prefer(prefer, int8, verify)  # what --precision auto runs (written only if its gate passes)
     if calib is not None and not int8:
         raise InputError("--calib applies only to --int8 export")
     if not int8_min_psnr > 0:
@@ -537,7 +541,7 @@ def export_generator(
     if existing and not overwrite:
         raise InputError(f"refusing to overwrite {', '.join(existing)} (use --overwrite)")
 
-    metadata = build_metadata(state, source=checkpoint_path.name)
+    metadata = {**build_metadata(state, source=checkpoint_path.name), META_PREFER: prefer}
     folded = fold_batchnorm(generator)
     example = _example_inputs(size)
     with torch.no_grad():

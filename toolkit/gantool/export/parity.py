@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from gantool.core.config import ModelConfig
-from gantool.core.errors import first_line
+from gantool.core.constants import PREFER_CHOICES
+from gantool.core.errors import InputError, check_choice, first_line
 from gantool.core.processing import to_uint8
 from gantool.nn.masks import generate_mask
 from gantool.runtime.providers import cuda_device_visible, open_session
@@ -257,6 +258,23 @@ def onnxruntime_backend(session: Any) -> Backend:
         return session.run(["inpainted"], {"image": image, "mask": mask})[0]
 
     return run
+
+
+def check_prefer(prefer: str, int8: bool, verify: bool) -> str:
+    """Refuse a ``gantool export --prefer`` whose precision's gate will not run (its gate must pass
+    for the preference to be written: ``--precision auto`` trusts it)."""
+    from gantool.training.loop import cpu_has_native_bf16  # delayed: the training stack
+
+    check_choice("--prefer", prefer, PREFER_CHOICES)
+    if prefer == "fp32":
+        return prefer
+    if not verify:
+        raise InputError(f"--prefer {prefer} needs the parity check that gates it: drop --no-verify")
+    if prefer == "int8" and not int8:
+        raise InputError("--prefer int8 needs --int8 (the int8 file and its quality gate)")
+    if prefer == "bf16" and not cpu_has_native_bf16():
+        raise InputError("--prefer bf16 needs its gate, which runs only on a CPU with native bf16; this CPU has none")
+    return prefer
 
 
 def openvino_specs(

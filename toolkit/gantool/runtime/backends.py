@@ -517,6 +517,21 @@ def preferred_precision(path: Path, name: str, provider: str) -> tuple[str, str]
     return prefer, f"the model prefers {prefer} (gantool export --prefer {prefer}; its gate passed at export)"
 
 
+def auto_choice(model: str | Path, provider: str = "auto") -> dict[str, str]:
+    """What default options (backend and precision ``auto``) would run for ``model`` here, and why,
+    without opening it (for ``gantool info``)."""
+    path, name = resolve_model(model, "auto")
+    runs_on = ("openvino" if auto_openvino(provider, "auto") else "onnx") if name == "onnx" else name
+    precision, why = preferred_precision(path, runs_on, provider)
+    if precision == "auto":
+        fp16 = path.with_name(ARTIFACT["onnx_fp16"].filename)
+        on_gpu_fp16 = runs_on == "onnx" and _gpu_likely(provider) and fp16.is_file()
+        precision = "fp16" if on_gpu_fp16 else _file_metadata(path).get(META_PRECISION, "fp32")
+    if runs_on == "openvino" and precision != "bf16" and not auto_openvino(provider, precision):
+        runs_on = "onnx"
+    return {"backend": runs_on, "precision": precision, "why": why}
+
+
 def load_backend(
     model: str | Path | None = None, provider: str = "auto", backend: str = "auto", precision: str = "auto"
 ) -> Backend:
