@@ -44,7 +44,8 @@ def openvino_available() -> bool:
 
 
 @functools.cache
-def _core() -> Any:
+def ov_core() -> Any:
+    """The process's one ``openvino.Core`` (created on first use)."""
     import openvino  # delayed: heavy import
 
     return openvino.Core()
@@ -58,7 +59,7 @@ def openvino_version() -> str:
 
 def cpu_capabilities() -> list[str]:
     """What OpenVINO's CPU plugin can run natively here (e.g. FP32, BF16, INT8)."""
-    return [str(c) for c in _core().get_property(OV_DEVICE, "OPTIMIZATION_CAPABILITIES")]
+    return [str(c) for c in ov_core().get_property(OV_DEVICE, "OPTIMIZATION_CAPABILITIES")]
 
 
 def bf16_native() -> bool:
@@ -75,7 +76,7 @@ def compile_onnx(path: str | Path, precision: str = "fp32") -> Any:
     """``path`` (a gantool ONNX generator) compiled for OpenVINO's CPU plugin at ``precision``.
 
     Its dynamic N, H and W stay dynamic: one compile serves every shape."""
-    core = _core()
+    core = ov_core()
     try:
         model = core.read_model(str(path))
     except Exception as e:  # OpenVINO raises RuntimeError subclasses for corrupt or foreign files
