@@ -190,20 +190,22 @@ def bench_backend_rows(
     for path in backends:
         backend, precision = parse_path(path)
         for provider in providers:
-            base = {"backend": backend, "precision": precision, "provider": provider}
+            base = {"backend": backend, "precision": precision, "provider": provider, "_order": (len(opened),)}
             try:
                 runner, note = open_inpaint_backend(model, backend, provider, precision)
             except GantoolError as e:
                 rows.append({**base, "error": first_line(e)})
-                continue
-            opened.append(({**base, "provider": runner.provider}, runner, note))  # what really runs
+                runner, note = None, ""
+            opened.append(({**base, "provider": getattr(runner, "provider", provider)}, runner, note))
+    opened = [entry for entry in opened if entry[1] is not None]
     peaks = cpu_peak()
-    for size in sizes:
-        for batch in batches:
+    for size_index, size in enumerate(sizes):
+        for batch_index, batch in enumerate(batches):
             image, mask = _bench_inputs(size, batch)
             live: list[tuple[dict[str, Any], Any]] = []
             for base, runner, note in opened:
-                row = {**base, "size": size, "batch": batch, "note": note}
+                order = (*base["_order"], size_index, batch_index)
+                row = {**base, "_order": order, "size": size, "batch": batch, "note": note}
                 if size % runner.size_multiple:
                     rows.append({**row, "error": f"size must be a multiple of {runner.size_multiple}"})
                     continue
@@ -252,7 +254,8 @@ def bench_backend_rows(
                     }
                 )
                 rows.append(row)
-    return rows
+    rows.sort(key=lambda r: r["_order"])  # the table reads path by path, as given
+    return [{k: v for k, v in r.items() if k != "_order"} for r in rows]
 
 
 class _TimedBackend:
@@ -492,7 +495,7 @@ def speed_goals(
     baseline = _row(rows, GOAL_BASELINE, "cpu", size, batch)
     best = fastest_passing(rows).get(f"cpu {size}px batch {batch}")
     if baseline and best:
-        fast = next(r for r in rows if "error" not in r and path_label(r) == best["path"]
+        fast = next(r for r in rows if "error" not in r and r["passes_gate"] and path_label(r) == best["path"]
                     and r["provider"] == best["provider"] and (r["size"], r["batch"]) == (size, batch))  # fmt: skip
         goals[f"fastest_vs_torch_bf16_{size}_b{batch}"] = {
             "fastest": best["path"], "fastest_ms": best["median_ms_per_image"],
