@@ -18,8 +18,9 @@ from gantool.cli import cli
 from gantool.core.artifacts import META_PREFER, read_model_metadata
 from gantool.core.errors import InputError, ModelError, ProviderError
 from gantool.export.parity import case_inputs, compare, default_cases, openvino_backend, torch_backend
-from gantool.runtime.backends import auto_choice, load_backend
-from gantool.runtime.openvino import OpenVinoBackend, bf16_native, compile_config, openvino_available
+from gantool.runtime.backends import OpenVinoBackend, load_backend
+from gantool.runtime.choice import auto_choice
+from gantool.runtime.openvino import bf16_native, compile_config, openvino_available
 from gantool.training.checkpoint import generator_from_checkpoint, load_checkpoint
 from inpaint_helpers import exported_model  # noqa: F401 (fixture)
 from tiny import TINY_CONFIG

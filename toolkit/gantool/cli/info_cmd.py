@@ -44,7 +44,7 @@ def info(file: Path, as_json: bool) -> None:
             _warn_traces(file, find_machine_traces(file))
         raise
     if description["kind"] in ("onnx", "pt2", "safetensors", "aoti", "torchscript"):
-        from gantool.runtime.backends import auto_choice  # delayed: imports the runtimes' probes
+        from gantool.runtime.choice import auto_choice  # delayed: imports the runtimes' probes
 
         with contextlib.suppress(GantoolError):  # a file no backend opens here: nothing to say
             description["auto"] = auto_choice(file)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -44,7 +45,6 @@ from gantool.core.artifacts import (
     META_AOTI_DEVICE,
     META_MODEL_CONFIG,
     META_PRECISION,
-    META_PREFER,
     META_SOURCE,
     META_TORCH_VERSION,
     META_TRAIN_PHASE,
@@ -61,14 +61,21 @@ from gantool.core.artifacts import (
 from gantool.core.config import ModelConfig
 from gantool.core.constants import (
     BACKEND_CHOICES,
-    DEFAULT_PREFER,
     PRECISION_BACKENDS,
     PRECISIONS,
-    PREFER_CHOICES,
     PROVIDERS,
 )
 from gantool.core.errors import InputError, ModelError, ProviderError, check_choice, first_line
-from gantool.runtime.providers import OpenedSession, cpu_isa_flags, cuda_device_visible, open_session, torch_device
+from gantool.runtime import openvino
+from gantool.runtime.choice import auto_openvino, preferred_precision
+from gantool.runtime.providers import (
+    OpenedSession,
+    check_provider,
+    cpu_isa_flags,
+    cuda_device_visible,
+    open_session,
+    torch_device,
+)
 
 log = logging.getLogger(__name__)
 
@@ -446,90 +453,72 @@ def check_aoti_package(path: Path, metadata: dict[str, str], device: Any, cpu_fl
             raise ModelError(f"{path.name} was compiled for {built_arch}, this GPU is {arch}: {again}")
 
 
-def _openvino_backend(path: str | Path, provider: str = "auto", precision: str = "auto") -> Backend:
-    from gantool.runtime.openvino import OpenVinoBackend  # delayed: it subclasses Backend (and imports openvino)
+class OpenVinoBackend(Backend):
+    """OpenVINO's CPU plugin on an exported ONNX generator (see :mod:`gantool.runtime.openvino`)."""
 
-    return OpenVinoBackend(path, provider, precision)
+    name = "openvino"
+
+    def __init__(self, path: str | Path, provider: str = "auto", precision: str = "auto") -> None:
+        path = Path(path)
+        check_choice("precision", precision, PRECISIONS)
+        check_provider(provider)
+        if provider in ("cuda", "tensorrt"):
+            raise ProviderError(f"the openvino backend runs on the CPU; for {provider} use --backend onnx")
+        if "openvino" not in PRECISION_BACKENDS.get(precision, ("openvino",)):
+            raise InputError(
+                f"precision {precision} needs the {' or '.join(PRECISION_BACKENDS[precision])} backend, not openvino"
+            )
+        if not openvino.openvino_available():
+            raise ProviderError("the openvino backend needs the openvino package (pip install openvino)")
+        if not path.is_file():
+            raise ModelError(f"model not found: {path}")
+        self._precision = "fp32" if precision == "auto" else precision
+        if self._precision == "bf16" and not openvino.bf16_native():
+            raise InputError(
+                "precision bf16 refused on the openvino backend: this CPU has no native bf16 "
+                "(AVX512-BF16 or AMX); bf16 would be emulated and slow"
+            )
+        model_file = OnnxBackend._pick_file(path, self._precision, gpu=False)
+        if model_file != path:  # a sibling file: it must come from the same export
+            check_export_folder(path.parent)
+        try:
+            metadata = read_model_metadata(model_file)
+        except ModelError as e:
+            if "carries no gantool metadata" not in str(e):
+                raise
+            metadata = {}  # Backend warns and assumes the default config
+        self.compiled = openvino.compile_onnx(model_file, self._precision)
+        hint = openvino.PRECISION_HINTS[self._precision]
+        note = f"OpenVINO {openvino.openvino_version()} CPU plugin, INFERENCE_PRECISION_HINT={hint}"
+        super().__init__(model_file, metadata, "CPU", note)
+        self._local = threading.local()  # one infer request per thread, one compiled model for all
+
+    @property
+    def precision(self) -> str:
+        return self._precision if self._precision != "fp32" else self.metadata.get(META_PRECISION, "fp32")
+
+    def _request(self) -> Any:
+        request = getattr(self._local, "request", None)
+        if request is None:
+            request = self._local.request = self.compiled.create_infer_request()
+        return request
+
+    def _run(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return openvino.infer(self.compiled, self._request(), image, mask, self._precision)
+
+    def describe(self) -> str:
+        return f"openvino on CPU ({openvino.PRECISION_HINTS[self._precision]})"
 
 
 # The backends by name (gantool.core.constants.BACKENDS lists the same names, in "auto" order).
 BACKEND_CLASSES: dict[str, Callable[..., Backend]] = {
     "onnx": OnnxBackend,
-    "openvino": _openvino_backend,
+    "openvino": OpenVinoBackend,
     "pt2": Pt2Backend,
     "torchscript": TorchScriptBackend,
     "eager": EagerBackend,
     "aoti": AotiBackend,
 }
-
-
-def _gpu_likely(provider: str) -> bool:
-    return provider in ("cuda", "tensorrt") or (provider == "auto" and cuda_device_visible())
-
-
-def auto_openvino(provider: str, precision: str) -> bool:
-    """Whether ``--backend auto`` runs an ONNX file on OpenVINO rather than ONNX Runtime:
-    on the CPU, with openvino installed, at a precision it can run here."""
-    from gantool.runtime import openvino  # delayed: openvino is imported only when used
-
-    if _gpu_likely(provider) or not openvino.openvino_available() or precision == "fp16":
-        return False
-    return precision != "bf16" or openvino.bf16_native()
-
-
-def _file_metadata(path: Path) -> dict[str, str]:
-    try:
-        return read_model_metadata(path)
-    except ModelError:  # a training checkpoint, or a file without gantool metadata: no preference
-        return {}
-
-
-def preferred_precision(path: Path, name: str, provider: str) -> tuple[str, str]:
-    """What ``--precision auto`` runs for ``path`` on backend ``name``, and why.
-
-    The model's ``gantool.prefer`` (written by ``gantool export --prefer`` only when that
-    precision's gate passed) where this backend and machine run it; else "auto" (fp32, or
-    fp16 ONNX on a GPU), with a warning line naming the reason.
-    """
-    prefer = _file_metadata(path).get(META_PREFER, DEFAULT_PREFER)
-    if prefer not in PREFER_CHOICES or prefer == "fp32":
-        return "auto", "the model's default"
-    why_not = ""
-    if name not in PRECISION_BACKENDS[prefer]:
-        why_not = f"the {name} backend cannot run {prefer}"
-    elif prefer == "int8":
-        if _gpu_likely(provider):
-            why_not = "int8 runs on the CPU only"
-        elif not (
-            path.name == ARTIFACT["onnx_int8"].filename or path.with_name(ARTIFACT["onnx_int8"].filename).is_file()
-        ):
-            why_not = f"no {ARTIFACT['onnx_int8'].filename} beside {path.name}"
-    elif name == "openvino":
-        from gantool.runtime.openvino import bf16_native  # delayed: imports openvino
-
-        why_not = "" if bf16_native() else "this CPU has no native bf16"
-    else:
-        device, _ = torch_device(provider)
-        why_not = bf16_refusal(device)
-    if why_not:
-        log.warning("the model prefers %s, but %s: running fp32", prefer, why_not)
-        return "auto", f"the model prefers {prefer}, but {why_not}"
-    return prefer, f"the model prefers {prefer} (gantool export --prefer {prefer}; its gate passed at export)"
-
-
-def auto_choice(model: str | Path, provider: str = "auto") -> dict[str, str]:
-    """What default options (backend and precision ``auto``) would run for ``model`` here, and why,
-    without opening it (for ``gantool info``)."""
-    path, name = resolve_model(model, "auto")
-    runs_on = ("openvino" if auto_openvino(provider, "auto") else "onnx") if name == "onnx" else name
-    precision, why = preferred_precision(path, runs_on, provider)
-    if precision == "auto":
-        fp16 = path.with_name(ARTIFACT["onnx_fp16"].filename)
-        on_gpu_fp16 = runs_on == "onnx" and _gpu_likely(provider) and fp16.is_file()
-        precision = "fp16" if on_gpu_fp16 else _file_metadata(path).get(META_PRECISION, "fp32")
-    if runs_on == "openvino" and precision != "bf16" and not auto_openvino(provider, precision):
-        runs_on = "onnx"
-    return {"backend": runs_on, "precision": precision, "why": why}
 
 
 def load_backend(

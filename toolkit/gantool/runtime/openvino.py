@@ -21,17 +21,12 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from gantool.core.artifacts import META_PRECISION, check_export_folder, read_model_metadata
-from gantool.core.constants import PRECISION_BACKENDS, PRECISIONS
-from gantool.core.errors import InputError, ModelError, ProviderError, check_choice, first_line
-from gantool.runtime.backends import Backend, OnnxBackend
-from gantool.runtime.providers import check_provider
+from gantool.core.errors import ModelError, first_line
 
 OV_DEVICE = "CPU"
 # gantool precision -> OpenVINO's INFERENCE_PRECISION_HINT (int8 runs from the file's QDQ nodes).
@@ -102,60 +97,3 @@ def infer(compiled: Any, request: Any, image: np.ndarray, mask: np.ndarray, prec
         # pass through exactly (as in the graph: image * known + out * mask).
         out = image * (1.0 - mask) + out * mask
     return out
-
-
-class OpenVinoBackend(Backend):
-    """OpenVINO's CPU plugin on an exported ONNX generator."""
-
-    name = "openvino"
-
-    def __init__(self, path: str | Path, provider: str = "auto", precision: str = "auto") -> None:
-        path = Path(path)
-        check_choice("precision", precision, PRECISIONS)
-        check_provider(provider)
-        if provider in ("cuda", "tensorrt"):
-            raise ProviderError(f"the openvino backend runs on the CPU; for {provider} use --backend onnx")
-        if "openvino" not in PRECISION_BACKENDS.get(precision, ("openvino",)):
-            raise InputError(
-                f"precision {precision} needs the {' or '.join(PRECISION_BACKENDS[precision])} backend, not openvino"
-            )
-        if not openvino_available():
-            raise ProviderError("the openvino backend needs the openvino package (pip install openvino)")
-        if not path.is_file():
-            raise ModelError(f"model not found: {path}")
-        self._precision = "fp32" if precision == "auto" else precision
-        if self._precision == "bf16" and not bf16_native():
-            raise InputError(
-                "precision bf16 refused on the openvino backend: this CPU has no native bf16 "
-                "(AVX512-BF16 or AMX); bf16 would be emulated and slow"
-            )
-        model_file = OnnxBackend._pick_file(path, self._precision, gpu=False)
-        if model_file != path:  # a sibling file: it must come from the same export
-            check_export_folder(path.parent)
-        try:
-            metadata = read_model_metadata(model_file)
-        except ModelError as e:
-            if "carries no gantool metadata" not in str(e):
-                raise
-            metadata = {}  # Backend warns and assumes the default config
-        self.compiled = compile_onnx(model_file, self._precision)
-        hint = PRECISION_HINTS[self._precision]
-        note = f"OpenVINO {openvino_version()} CPU plugin, INFERENCE_PRECISION_HINT={hint}"
-        super().__init__(model_file, metadata, "CPU", note)
-        self._local = threading.local()  # one infer request per thread, one compiled model for all
-
-    @property
-    def precision(self) -> str:
-        return self._precision if self._precision != "fp32" else self.metadata.get(META_PRECISION, "fp32")
-
-    def _request(self) -> Any:
-        request = getattr(self._local, "request", None)
-        if request is None:
-            request = self._local.request = self.compiled.create_infer_request()
-        return request
-
-    def _run(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        return infer(self.compiled, self._request(), image, mask, self._precision)
-
-    def describe(self) -> str:
-        return f"openvino on CPU ({PRECISION_HINTS[self._precision]})"

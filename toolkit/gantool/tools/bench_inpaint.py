@@ -217,7 +217,7 @@ def bench_backend_rows(
                 try:
                     with PeakMemory() as memory:  # the first run allocates what the others reuse
                         out = runner.run(image, mask)
-                    psnr, passed = _gate(base["precision"], out, reference.output(image, mask), mask)
+                    psnr, passed = _gate(str(base["precision"]), out, reference.output(image, mask), mask)
                 except (GantoolError, MemoryError, RuntimeError) as e:
                     rows.append({**row, "error": first_line(e)})
                     continue
