@@ -702,6 +702,33 @@ MUTANTS: list[Mutant] = [
         "            if self.signal_received is None:\n                for sig, handler",
         "            if True:\n                for sig, handler",
         (f"{HOSTILE}::test_a_second_signal_exits_at_once",),
+    Mutant(
+        "bench_ratio_from_medians_not_paired_rounds",
+        "tools/interleave.py",
+        "    ratios = [n / d for n, d in zip(numerator, denominator) if d > 0]",
+        "    ratios = [statistics.median(numerator) / statistics.median(denominator)] if denominator else []",
+        ("test_bench.py::test_paired_ratio_cancels_load_that_hits_one_round",),
+    ),
+    Mutant(
+        "bench_rounds_always_in_one_order",
+        "tools/interleave.py",
+        "        for i in order if r % 2 == 0 else order[::-1]:",
+        "        for i in order:",
+        ("test_bench.py::test_interleaved_runs_one_call_of_each_row_per_round_alternating_the_order",),
+    ),
+    Mutant(
+        "openvino_fp32_without_the_f32_hint",
+        "runtime/openvino.py",
+        'PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}',
+        'PRECISION_HINTS = {"fp32": "bf16", "bf16": "bf16", "int8": "f32"}',
+        ("test_openvino.py::test_precisions_it_cannot_run_are_one_line_refusals",),
+    ),
+    Mutant(
+        "amp_auto_choice_not_recorded",
+        "training/loop.py",
+        "            atomic_write_text(run_dir / RUN_CONFIG_FILE, toml_text({**cfg.to_dict(), **chosen}))",
+        "            atomic_write_text(run_dir / RUN_CONFIG_FILE, toml_text(cfg.to_dict()))",
+        ("test_amp_compile.py::test_amp_auto_follows_native_bf16_and_the_run_config_records_the_choice",),
         ci=False,
     ),
 ]

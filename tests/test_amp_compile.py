@@ -231,3 +231,24 @@ def test_cuda_compiled_training_matches_eager(tmp_path):
     for ours, ref in zip(train_losses(compiled.history), train_losses(eager.history), strict=True):
         for key in ours:
             assert ours[key] == pytest.approx(ref[key], rel=1e-3, abs=1e-6), key
+
+
+# ------------------------------------------------------------------------------ --amp auto
+
+
+def test_amp_auto_follows_native_bf16_and_the_run_config_records_the_choice(tmp_path):
+    from gantool.core.config import read_toml
+    from gantool.training.loop import use_amp, use_channels_last
+
+    native = amp_supported(CPU)
+    auto = tiny_train_config()
+    assert auto.amp is None and auto.channels_last is None  # the default is "auto"
+    assert use_amp(auto, CPU) is native and use_channels_last(auto, CPU) is native
+    forced = tiny_train_config(amp=True)
+    assert use_amp(forced, CPU) and use_channels_last(forced, CPU)  # bf16 autocast comes with channels_last
+    assert not use_amp(tiny_train_config(amp=False), CPU)
+    assert not use_channels_last(tiny_train_config(amp=True, channels_last=False), CPU)  # explicit wins
+    result = train(tiny_train_config(out=str(tmp_path / "run"), steps_g=1, steps_d=0, steps_joint=0,
+                                     sample_every=100, checkpoint_every=100), progress=False)  # fmt: skip
+    recorded = read_toml(result.run_dir / "config.toml")
+    assert recorded["amp"] is native and recorded["channels_last"] is native  # what auto chose, not "auto"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,6 @@ from gantool.core.config import ModelConfig
 from gantool.core.errors import InputError
 from gantool.runtime.backends import load_backend
 from gantool.tools.bench_inpaint import (
-    _PeakMemory,
     _TimedBackend,
     bench_crop,
     bench_end_to_end,
@@ -31,12 +31,14 @@ from gantool.tools.bench_inpaint import (
     parse_path,
     speed_goals,
 )
+from gantool.tools.interleave import PeakMemory
 from inpaint_helpers import GPU_ONLY, exported_model  # noqa: F401 (fixture)
 
 ROW_KEYS = {
     "backend", "precision", "provider", "size", "batch", "note", "median_ms_per_batch", "median_ms_per_image",
     "min_ms_per_batch", "max_ms_per_batch", "images_per_s", "gflop_per_image", "achieved_gflop_per_s",
-    "peak_rss_mb", "peak_rss_exact", "peak_cuda_mb", "runs", "psnr_hole_vs_fp32", "passes_gate",
+    "peak_rss_mb", "peak_rss_exact", "peak_cuda_mb", "runs", "psnr_hole_vs_fp32", "passes_gate", "times_ms",
+    "fraction_of_peak",
 }
 
 
@@ -103,9 +105,10 @@ def test_precision_paths_get_a_hole_psnr_and_a_gate(exported_model):
 
 
 def test_fastest_passing_skips_rows_that_fail_their_gate():
-    def row(backend, precision, ms, passes, provider="cpu"):
+    def row(backend, precision, ms, passes, provider="cpu"):  # the same load in every round
         return {"backend": backend, "precision": precision, "provider": provider, "size": 512, "batch": 1,
-                "median_ms_per_image": ms, "passes_gate": passes, "psnr_hole_vs_fp32": 40.0}
+                "median_ms_per_image": ms, "passes_gate": passes, "psnr_hole_vs_fp32": 40.0,
+                "times_ms": [ms * 0.9, ms, ms * 1.5]}
 
     ort_cpu = "CPUExecutionProvider"
     rows = [row("onnx", "int8", 100.0, False, ort_cpu), row("eager", "bf16", 300.0, True),
@@ -141,7 +144,7 @@ def test_torchscript_is_traced_in_memory_when_the_folder_has_none(exported_model
 
 
 def test_peak_memory_sees_native_allocations():
-    with _PeakMemory() as memory:
+    with PeakMemory() as memory:
         block = torch.ones(64 * 2**20 // 4)  # 64 MB allocated by torch, invisible to tracemalloc
         block += 1
         del block
@@ -255,3 +258,79 @@ def test_option_faults_are_one_line_and_only_error_rows_exit_1(exported_model):
     assert result.output.strip().splitlines()[-1] == "Error: no row could be measured: every one failed (see its error)"
     result = CliRunner().invoke(cli, [*base, "--sizes", "30", "--providers", "cpu", "--e2e-images", "0", "--json"])
     assert result.exit_code == 1 and _strict(result.output.split("\nError:")[0])["measured_rows"] == 0
+
+
+# ------------------------------------------------------------- rows interleaved, ratios from paired rounds
+
+
+def test_interleaved_runs_one_call_of_each_row_per_round_alternating_the_order():
+    from gantool.tools.interleave import interleaved
+
+    calls: list[str] = []
+    steps = [lambda: calls.append("A"), lambda: calls.append("B"), lambda: calls.append("C")]
+    times = interleaved(steps, rounds=3, warmup=1)
+    assert calls == ["A", "B", "C", "A", "B", "C", "C", "B", "A", "A", "B", "C"]  # warm-up, then A B C / C B A / ...
+    assert [len(t) for t in times] == [3, 3, 3] and all(v >= 0 for t in times for v in t)
+
+
+def test_paired_ratio_cancels_load_that_hits_one_round():
+    from gantool.tools.interleave import paired_ratio, spread_text
+
+    # B is 2x faster in every round; a neighbour slowed round 3 for A and rounds 2-3 for B.
+    slow, fast = [100.0, 100.0, 300.0], [50.0, 150.0, 150.0]
+    assert statistics.median(slow) / statistics.median(fast) == pytest.approx(2 / 3)  # medians mislead
+    ratio = paired_ratio(slow, fast)
+    assert ratio["median"] == pytest.approx(2.0) and ratio["min"] == pytest.approx(2 / 3) and ratio["max"] == 2.0
+    assert ratio["rounds"] == 3 and spread_text(ratio) == "2.00x (0.67-2.00 over 3 paired rounds)"
+    assert paired_ratio([], [])["median"] is None and spread_text(paired_ratio([], [])) == "n/a"
+
+
+def test_speed_goals_take_the_median_of_paired_rounds():
+    def row(backend, precision, times, provider="cpu"):
+        return {"backend": backend, "precision": precision, "provider": provider, "size": 512, "batch": 1,
+                "median_ms_per_image": statistics.median(times), "passes_gate": True, "psnr_hole_vs_fp32": 40.0,
+                "times_ms": times}
+
+    rows = [row("eager", "bf16", [600.0, 600.0, 1800.0]), row("openvino", "int8", [300.0, 900.0, 300.0]),
+            row("onnx", "fp32", [1200.0, 1200.0, 3600.0], "CPUExecutionProvider")]
+    goals = speed_goals(rows, default_path="openvino:int8")
+    fastest = goals["fastest_vs_torch_bf16_512_b1"]
+    assert fastest["fastest"] == "openvino:int8" and fastest["speedup"] == pytest.approx(2.0) and fastest["met"]
+    assert fastest["spread"]["min"] == pytest.approx(600 / 900)
+    default = goals["default_vs_ort_fp32_512_b1"]
+    assert default["default"] == "openvino:int8" and default["speedup"] == pytest.approx(4.0) and default["met"]
+
+
+def test_cpu_peak_from_cpuinfo_text():
+    from gantool.tools.interleave import cpu_peak
+
+    zen4 = "vendor_id\t: AuthenticAMD\ncpu MHz\t\t: 3500.000\nflags\t\t: fma avx2 avx512f avx512_bf16 avx512_vnni\n"
+    peak = cpu_peak(zen4, cores=2)
+    # Zen 4: 512-bit work on 256-bit halves: 32 fp32 FLOP/cycle, bf16 2x, int8 (VNNI) 4x.
+    assert peak["gops"] == pytest.approx({"fp32": 2 * 3.5 * 32, "bf16": 2 * 3.5 * 64, "int8": 2 * 3.5 * 128})
+    intel = "vendor_id\t: GenuineIntel\ncpu MHz\t\t: 2000.000\nflags\t\t: fma avx2 avx512f amx_bf16 amx_int8\n"
+    assert cpu_peak(intel, cores=4)["gops"] == pytest.approx({"fp32": 4 * 2 * 64, "bf16": 4 * 2 * 1024,
+                                                              "int8": 4 * 2 * 2048})
+    avx2 = "vendor_id\t: AuthenticAMD\ncpu MHz\t\t: 2000.000\nflags\t\t: fma avx2\n"
+    assert cpu_peak(avx2, cores=2)["gops"]["bf16"] is None  # no native bf16: no peak claimed
+    assert cpu_peak("", cores=2)["gops"] == {"fp32": None, "bf16": None, "int8": None}
+    assert "estimated" in peak["how"]
+
+
+def test_bench_inpaint_times_openvino_rows_beside_onnx_runtime(exported_model):
+    from gantool.runtime.openvino import openvino_available
+
+    if not openvino_available():
+        pytest.skip("openvino is not installed")
+    result = bench_inpaint(exported_model.folder, sizes=[32], batches=[1], providers=["cpu"], repeats=3, warmup=0,
+                           e2e_images=0, crop_check=False, blend_check=False,
+                           backends=["onnx", "openvino", "openvino:int8"])
+    rows = {(r["backend"], r["precision"]): r for r in result["rows"]}
+    ov = rows[("openvino", "fp32")]
+    assert ov["provider"] == "CPU" and ov["passes_gate"] and len(ov["times_ms"]) == 3
+    assert ov["median_ms_per_batch"] == pytest.approx(statistics.median(ov["times_ms"]))
+    peak = result["cpu_peak"]["gops"]["fp32"]
+    if peak:
+        assert ov["fraction_of_peak"] == pytest.approx(ov["achieved_gflop_per_s"] / peak)
+    assert "generator_int8.onnx" in rows[("openvino", "int8")]["error"]  # no int8 export in this folder
+    assert result["default_path"] == "openvino"  # what `gantool inpaint` runs with default options

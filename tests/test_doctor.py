@@ -120,3 +120,21 @@ def test_cuda_loads_on_a_gpu_machine():
     cuda = checks.get("CUDAExecutionProvider")
     assert cuda is not None, "onnxruntime-gpu is not installed"
     assert cuda.loadable and cuda.ran, cuda.cause
+
+
+def test_openvino_is_reported_with_a_probe_run():
+    from gantool.runtime.openvino import cpu_capabilities, openvino_available
+
+    report = doctor.diagnose(test_providers=True)
+    info = report.openvino
+    if not openvino_available():
+        assert info == {"installed": False}
+        assert any("openvino is not installed" in f.message and f.level == "info" for f in report.findings)
+        return
+    assert info["installed"] and info["ran"] is True and info["capabilities"] == cpu_capabilities()
+    lines = doctor.report_lines(report)
+    assert any(line.startswith(f"openvino {info['version']}: CPU plugin capabilities") for line in lines)
+    assert any("runs ONNX models on the CPU" in f.message for f in report.findings)
+    assert report.to_dict()["openvino"]["ran"] is True
+    untested = doctor.diagnose(test_providers=False).openvino
+    assert "ran" not in untested and untested["installed"]

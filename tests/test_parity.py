@@ -26,6 +26,7 @@ from gantool.export.parity import (
     failures,
     onnx_session,
     onnxruntime_backend,
+    openvino_backend,
     parity_sweep,
     psnr_uint8,
     torch_backend,
@@ -43,7 +44,7 @@ ATOL = 1e-4
 MIN_PSNR = 40.0
 CASES = default_cases(TINY_CONFIG)
 CASE_IDS = [c.label.replace(" ", "-") for c in CASES]
-FP32_BACKENDS = ("eager-folded", "torchscript", "onnxruntime-cpu")
+FP32_BACKENDS = ("eager-folded", "torchscript", "onnxruntime-cpu", "openvino")
 FP16_BACKENDS = ("eager-fp16", "onnxruntime-cpu-fp16")
 SHIPPED_ONNX = REPO_ROOT / "models" / "generator.onnx"
 
@@ -68,6 +69,7 @@ def exported(request, checkpoint_factory, tmp_path_factory) -> SimpleNamespace:
         "onnxruntime-cpu": onnxruntime_backend(onnx_session(result.paths["onnx"])),
         "eager-fp16": torch_backend(HalfPrecisionGenerator(folded).eval()),
         "onnxruntime-cpu-fp16": onnxruntime_backend(onnx_session(result.paths["onnx_fp16"])),
+        "openvino": openvino_backend(result.paths["onnx"], "fp32"),  # INFERENCE_PRECISION_HINT=f32
     }
     return SimpleNamespace(
         kind=request.param, generator=generator, reference=torch_backend(generator), backends=backends, result=result
@@ -106,17 +108,25 @@ def test_fp16_backend_close_to_eager(exported, backend, case):
 
 # ------------------------------------------ the formats of today (one export per session: conftest)
 
-MODERN_GATES = {"pt2": None, "aoti": None, "int8": 35.0, "pt2-bf16": 35.0}
+MODERN_GATES = {"pt2": None, "aoti": None, "int8": 35.0, "pt2-bf16": 35.0, "openvino": None,
+                "openvino-bf16": 35.0, "openvino-int8": 35.0}  # fmt: skip
 
 
 def _modern_backend(export, name: str):
     from gantool.runtime.backends import load_backend
     from gantool.training.loop import cpu_has_native_bf16
 
+    from gantool.runtime import openvino
+
+    if name.startswith("openvino") and not openvino.openvino_available():
+        pytest.skip("openvino is not installed")
     if name == "pt2-bf16" and not cpu_has_native_bf16():
         pytest.skip("this CPU has no native bf16")
+    if name == "openvino-bf16" and not openvino.bf16_native():
+        pytest.skip("OpenVINO finds no native bf16 on this CPU")
     backend, precision = {"pt2": ("pt2", "fp32"), "aoti": ("aoti", "fp32"), "int8": ("onnx", "int8"),
-                          "pt2-bf16": ("pt2", "bf16")}[name]  # fmt: skip
+                          "pt2-bf16": ("pt2", "bf16"), "openvino": ("openvino", "fp32"),
+                          "openvino-bf16": ("openvino", "bf16"), "openvino-int8": ("openvino", "int8")}[name]  # fmt: skip
     return load_backend(export.out_dir, "cpu", backend, precision)
 
 

@@ -598,6 +598,13 @@ def test_serve_without_the_extra_says_how_to_install(monkeypatch):
     assert "gantool[serve]" in result.output
 
 
+def auto_cpu_runtime() -> tuple[str, str]:
+    """What --backend auto runs an ONNX export on, on the CPU: OpenVINO where installed."""
+    from gantool.runtime.openvino import openvino_available
+
+    return ("openvino", "CPU") if openvino_available() else ("onnx", "CPUExecutionProvider")
+
+
 def test_loopback_detection():
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost") and is_loopback("127.0.0.2")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4") and not is_loopback("example.com")
@@ -616,9 +623,10 @@ def test_serve_process_prints_startup_lines_and_warns_without_a_key(exported_mod
         loopback = url.replace("0.0.0.0", "127.0.0.1")
         wait_ready(loopback)
         status, model = get_json(loopback + "/v1/model")
-        assert status == 200 and model["provider"] == "CPUExecutionProvider"
+        backend, provider = auto_cpu_runtime()
+        assert status == 200 and model["provider"] == provider
     assert lines[0] == f"model: {exported_model.onnx}"
-    assert lines[1].startswith("backend: onnx (fp32); provider: CPUExecutionProvider")
+    assert lines[1].startswith(f"backend: {backend}; precision: fp32 (the model's default); provider: {provider}")
     assert url.startswith("http://0.0.0.0:")
     assert process.stderr is not None
     assert "warning: listening on 0.0.0.0 without an API key" in process.stderr.read()
@@ -642,7 +650,8 @@ def test_bench_serve_runs_and_reports(exported_model):  # noqa: F811
         rounds=3,
     )
     assert result["ok"] == 18 and result["errors"] == 0 and result["sent"] == 18
-    assert result["provider"] == "CPUExecutionProvider" and result["backend"] == "onnx"
+    backend, provider = auto_cpu_runtime()
+    assert result["provider"] == provider and result["backend"] == backend
     latency = result["latency_ms"]
     assert 0 < latency["p50"] <= latency["p95"] <= latency["p99"]
     rounds, baselines = result["per_round"], result["in_process_measurements"]

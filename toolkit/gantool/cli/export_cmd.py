@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from gantool.core.artifacts import ARTIFACT, DEFAULT_EXPORT_FORMATS
-from gantool.core.constants import DEFAULT_INT8_MIN_PSNR
+from gantool.core.constants import DEFAULT_INT8_MIN_PSNR, DEFAULT_PREFER, PREFER_CHOICES
 
 
 class _Terminated(BaseException):
@@ -84,6 +84,11 @@ def _size(num_bytes: int) -> str:
     "--int8-min-psnr", type=float, default=DEFAULT_INT8_MIN_PSNR, show_default=True,
     help="Quality gate: worst hole PSNR (dB) of the int8 model against fp32 over the parity sweep.",
 )  # fmt: skip
+@click.option(
+    "--prefer", type=click.Choice(PREFER_CHOICES), default=DEFAULT_PREFER, show_default=True,
+    help="The precision `--precision auto` runs (recorded in every file; int8 needs --int8, bf16 a CPU with "
+    "native bf16: their gates must pass here).",
+)  # fmt: skip
 @click.option("--no-verify", is_flag=True, help="Skip the parity check against eager PyTorch.")
 @click.option("--atol", type=float, default=1e-4, show_default=True, help="Max abs error allowed for fp32 backends.")
 @click.option(
@@ -109,6 +114,7 @@ def export(
     int8: bool,
     calib: Path | None,
     int8_min_psnr: float,
+    prefer: str,
     no_verify: bool,
     atol: float,
     overwrite: bool,
@@ -140,7 +146,7 @@ def export(
             result = export_generator(
                 checkpoint, out_dir, formats=chosen or DEFAULT_EXPORT_FORMATS, opset=opset, fp16=fp16,
                 verify=not no_verify, atol=atol, overwrite=overwrite, cuda=cuda, int8=int8, calib=calib,
-                int8_min_psnr=int8_min_psnr, keep_debug_info=keep_debug_info,
+                int8_min_psnr=int8_min_psnr, prefer=prefer, keep_debug_info=keep_debug_info,
             )  # fmt: skip
     except ParityError as e:
         for line in summary_lines(e.report):

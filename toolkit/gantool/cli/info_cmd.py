@@ -43,6 +43,11 @@ def info(file: Path, as_json: bool) -> None:
         with contextlib.suppress(GantoolError):  # unreadable: the error below says why
             _warn_traces(file, find_machine_traces(file))
         raise
+    if description["kind"] in ("onnx", "pt2", "safetensors", "aoti", "torchscript"):
+        from gantool.runtime.choice import auto_choice  # delayed: imports the runtimes' probes
+
+        with contextlib.suppress(GantoolError):  # a file no backend opens here: nothing to say
+            description["auto"] = auto_choice(file)
     if as_json:
         click.echo(json.dumps(description, indent=2, default=str))
         return
@@ -54,6 +59,9 @@ def info(file: Path, as_json: bool) -> None:
         if warning not in traces:
             click.echo(f"warning: {warning}", err=True)
     if is_model:
+        if "auto" in description:
+            auto = description["auto"]
+            click.echo(f"default options run it here: {auto['backend']}, {auto['precision']} ({auto['why']})")
         for key, value in description["metadata"].items():
             click.echo(f"  {key}: {_value(value)}")
         _warn_traces(file, traces)

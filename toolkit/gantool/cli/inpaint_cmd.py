@@ -180,7 +180,7 @@ def inpaint(
         def on_start(runner: Backend, jobs: Sequence[ImageJob]) -> None:
             click.echo(
                 f"provider: {runner.provider} ({runner.provider_note}); backend: {runner.name}; "
-                f"precision: {runner.precision}; blend: {blend}; model: {runner.path}"
+                f"precision: {runner.precision} ({runner.precision_note}); blend: {blend}; model: {runner.path}"
             )
             bar.reset(total=len(jobs))
 

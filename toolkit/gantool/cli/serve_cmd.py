@@ -216,7 +216,10 @@ def serve(
     runner = inpainter.backend
     sock = bind_socket(host, port)
     click.echo(f"model: {runner.path}")
-    click.echo(f"backend: {runner.name} ({runner.precision}); provider: {runner.provider} ({runner.provider_note})")
+    click.echo(
+        f"backend: {runner.name}; precision: {runner.precision} ({runner.precision_note}); "
+        f"provider: {runner.provider} ({runner.provider_note})"
+    )
     if not is_loopback(host) and settings.api_key is None:
         click.echo(
             f"warning: listening on {host} without an API key: anyone who can reach this port can use "

@@ -94,8 +94,8 @@ class OneLineErrors(click.Command):
 @config_option("hole_max", "Largest box hole side in pixels.", show="local_size", type=int)
 @config_option("seed", "Seed for weights, data order, crops and masks.", type=int)
 @config_option("device", "auto, cpu, cuda or cuda:N.")
-@flag_option("amp", "bf16 autocast.", show="on for CUDA")
-@flag_option("channels_last", "channels_last memory format.", show="on for CUDA")
+@flag_option("amp", "bf16 autocast (auto: on for CUDA and CPUs with native bf16).", show="auto")
+@flag_option("channels_last", "channels_last memory format (auto: on for CUDA and with amp).", show="auto")
 @flag_option("compile", "torch.compile both networks.")
 @flag_option("sync_bn", "SyncBatchNorm across processes (torchrun).")
 @click.option(

@@ -56,6 +56,8 @@ META_COMPILE_FLAGS = "gantool.compile_flags"  # JSON of the inductor configs use
 # int8 ONNX: the nodes left in float and what calibrated the quantization.
 META_FLOAT_NODES = "gantool.float_nodes"  # JSON list of node names
 META_CALIBRATION = "gantool.calibration"
+# The precision `--precision auto` runs (gantool export --prefer; its gate passed at export).
+META_PREFER = "gantool.prefer"
 
 # ----------------------------------------------------------------------------- the table
 
@@ -104,8 +106,13 @@ ALWAYS_WRITTEN = ("safetensors", "report")
 RUN_CHECKPOINT = Path(CHECKPOINTS_DIR) / LAST_CHECKPOINT
 
 
+# Backends that open another backend's files: OpenVINO reads the ONNX exports as they are.
+FILES_OF_BACKEND = {"openvino": "onnx"}
+
+
 def model_artifacts(backend: str, precision: str = "fp32") -> list[Artifact]:
     """The files ``backend`` can open at ``precision``, in the table's order."""
+    backend = FILES_OF_BACKEND.get(backend, backend)
     return [a for a in ARTIFACTS if a.backend == backend and a.precision == precision]
 
 
@@ -317,6 +324,8 @@ def resolve_model(model: str | Path | None, backend: str = "auto", precision: st
         raise ModelError(f"{path} is not a model file")
     if backend == "auto" or backend == detected:
         return path, detected
+    if FILES_OF_BACKEND.get(backend) == detected:
+        return path, backend
     if backend == "eager" and detected == "torchscript":
         raise ModelError(f"{path} is a TorchScript model: use --backend torchscript")
     raise ModelError(f"{path} is not a model for the {backend} backend (it is one for {detected})")

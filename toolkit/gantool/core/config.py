@@ -109,8 +109,10 @@ class TrainConfig:
     hole_max: int | None = None
     seed: int = 0
     device: str = "auto"
-    amp: bool | None = None  # None: bf16 autocast on CUDA, off on the CPU
-    channels_last: bool | None = None  # None: on for CUDA
+    # None ("auto"): bf16 autocast on CUDA and on CPUs with native bf16 (AVX512-BF16, AMX, Arm BF16),
+    # off elsewhere; the run's config.toml records what was chosen.
+    amp: bool | None = None
+    channels_last: bool | None = None  # None: on for CUDA and wherever amp is on
     compile: bool = False
     sync_bn: bool = False
     workers: int = 2

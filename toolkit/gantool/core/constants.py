@@ -13,17 +13,36 @@ PROVIDERS = ("auto", "cuda", "tensorrt", "cpu")
 # How a model file is run ("auto" picks from the file; see gantool.core.artifacts). In a folder, "auto"
 # takes the first with a file, in this order: aoti comes last because its packages are tied to the
 # device and torch version they were compiled for (an export folder always holds the eager weights,
-# so "auto" takes aoti only for a package given by path).
-BACKENDS = ("onnx", "pt2", "torchscript", "eager", "aoti")
+# so "auto" takes aoti only for a package given by path). "openvino" runs the same ONNX files as
+# "onnx" on OpenVINO's CPU plugin; "auto" takes it instead of ONNX Runtime on the CPU when it is
+# installed (ONNX Runtime stays the GPU runtime and the CPU fallback; see gantool.runtime.openvino).
+BACKENDS = ("onnx", "openvino", "pt2", "torchscript", "eager", "aoti")
 BACKEND_CHOICES = ("auto", *BACKENDS)
-# Numerics of the model that runs. "auto": fp32, or the exported fp16 ONNX model on a GPU (never
-# int8 or bf16: those change numerics and are only used when asked for). fp16 and int8 are exported
-# ONNX files; bf16 runs the torch backends (eager, pt2) under bf16 autocast with channels_last.
+# Numerics of the model that runs. "auto": the precision the model's publisher prefers
+# (`gantool export --prefer`, default fp32) where this machine and backend can run it, else fp32
+# (one line says why); on a GPU, the exported fp16 ONNX model when there is one. fp16 and int8
+# are exported ONNX files; bf16 runs the torch backends (eager, pt2) under bf16 autocast with
+# channels_last, or OpenVINO with its bf16 hint.
 PRECISIONS = ("auto", "fp32", "fp16", "bf16", "int8")
-# Backends that can run each explicit non-fp32 precision.
-PRECISION_BACKENDS = {"fp16": ("onnx",), "int8": ("onnx",), "bf16": ("pt2", "eager")}
+# Backends that can run each explicit non-fp32 precision (a folder with "auto" takes the first with a file).
+PRECISION_BACKENDS = {"fp16": ("onnx",), "int8": ("openvino", "onnx"), "bf16": ("openvino", "pt2", "eager")}
+# What `gantool export --prefer` may record for `--precision auto` (gantool.core.artifacts.META_PREFER).
+PREFER_CHOICES = ("fp32", "bf16", "int8")
+DEFAULT_PREFER = "fp32"
 # `gantool bench inpaint`'s default paths: a backend, or backend:precision (see gantool.tools.bench_inpaint).
-BENCH_INPAINT_PATHS = ("eager", "eager:bf16", "torchscript", "pt2", "pt2:bf16", "aoti", "onnx", "onnx:int8")
+BENCH_INPAINT_PATHS = (
+    "eager",
+    "eager:bf16",
+    "torchscript",
+    "pt2",
+    "pt2:bf16",
+    "aoti",
+    "onnx",
+    "onnx:int8",
+    "openvino",
+    "openvino:bf16",
+    "openvino:int8",
+)
 # `gantool export --int8`'s quality gate: worst hole PSNR (dB) against the fp32 model over the parity sweep.
 DEFAULT_INT8_MIN_PSNR = 35.0
 # Where the model runs on an image (see gantool.inference.inpainter).

@@ -50,6 +50,7 @@ from gantool.core.artifacts import (
     META_EXPORT_ID,
     META_MODEL_CONFIG,
     META_PRECISION,
+    META_PREFER,
     META_PROCESSING,
     META_SOURCE,
     META_TORCH_VERSION,
@@ -63,7 +64,7 @@ from gantool.core.artifacts import (
     model_kind,
     read_model_metadata,
 )
-from gantool.core.constants import CHECKPOINTS_DIR, DEFAULT_INT8_MIN_PSNR, RUN_EXPORT_DIR
+from gantool.core.constants import CHECKPOINTS_DIR, DEFAULT_INT8_MIN_PSNR, DEFAULT_PREFER, RUN_EXPORT_DIR
 from gantool.core.errors import CheckpointError, GantoolError, InputError, ModelError
 from gantool.core.fileio import (
     atomic_write_text,
@@ -82,7 +83,7 @@ from gantool.export.formats import (
     export_torchscript,
     scratch_space_in,
 )
-from gantool.export.parity import ParityCase, failures, report_to_json
+from gantool.export.parity import ParityCase, check_prefer, failures, report_to_json
 from gantool.export.provenance import find_machine_traces, redact_paths
 from gantool.export.quantize import calibration_batch, quantize_int8
 from gantool.export.verify import MIN_BF16_PSNR as MIN_BF16_PSNR  # re-exported for the benchmarks
@@ -218,6 +219,7 @@ def export_generator(
     calib: str | Path | None = None,
     int8_min_psnr: float = DEFAULT_INT8_MIN_PSNR,
     aoti_device: str | None = None,
+    prefer: str = DEFAULT_PREFER,
 ) -> ExportResult:
     """Export the generator of ``checkpoint_path`` and prove parity with eager PyTorch.
 
@@ -231,6 +233,7 @@ def export_generator(
     :func:`gantool.export.provenance.find_machine_traces`) unless ``keep_debug_info``.
     """
     formats = check_options(formats, opset, fp16, atol, int8)
+    prefer = check_prefer(prefer, int8, verify)  # what --precision auto runs (written only if its gate passes)
     if calib is not None and not int8:
         raise InputError("--calib applies only to --int8 export")
     if not int8_min_psnr > 0:
@@ -256,7 +259,7 @@ def export_generator(
 
     options = {"formats": sorted(keys), "opset": opset, "keep_debug_info": keep_debug_info,
                "calib": Path(calib).name if calib is not None else None, "aoti_device": aoti_device}  # fmt: skip
-    metadata = build_metadata(state, source=checkpoint_path.name, options=options)
+    metadata = {**build_metadata(state, source=checkpoint_path.name, options=options), META_PREFER: prefer}
     folded = fold_batchnorm(generator)
     example = example_inputs(generator.config.size)
     with torch.no_grad():

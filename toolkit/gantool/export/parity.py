@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from gantool.core.config import ModelConfig
-from gantool.core.errors import first_line
+from gantool.core.constants import PREFER_CHOICES
+from gantool.core.errors import InputError, check_choice, first_line
 from gantool.core.processing import to_uint8
 from gantool.nn.masks import generate_mask
 from gantool.runtime.providers import cuda_device_visible, open_session
@@ -257,6 +258,55 @@ def onnxruntime_backend(session: Any) -> Backend:
         return session.run(["inpainted"], {"image": image, "mask": mask})[0]
 
     return run
+
+
+def check_prefer(prefer: str, int8: bool, verify: bool) -> str:
+    """Refuse a ``gantool export --prefer`` whose precision's gate will not run (its gate must pass
+    for the preference to be written: ``--precision auto`` trusts it)."""
+    from gantool.training.loop import cpu_has_native_bf16  # delayed: the training stack
+
+    check_choice("--prefer", prefer, PREFER_CHOICES)
+    if prefer == "fp32":
+        return prefer
+    if not verify:
+        raise InputError(f"--prefer {prefer} needs the parity check that gates it: drop --no-verify")
+    if prefer == "int8" and not int8:
+        raise InputError("--prefer int8 needs --int8 (the int8 file and its quality gate)")
+    if prefer == "bf16" and not cpu_has_native_bf16():
+        raise InputError("--prefer bf16 needs its gate, which runs only on a CPU with native bf16; this CPU has none")
+    return prefer
+
+
+def openvino_specs(
+    files: dict[str, Path], int8_min_psnr: float, bf16_min_psnr: float, notes: list[str]
+) -> list[BackendSpec]:
+    """OpenVINO's CPU plugin on the exported ONNX files, at every precision it runs here:
+    fp32 (``f32`` hint, judged by atol), bf16 where the CPU has it (hole PSNR gate), and the
+    int8 file (its gate). Appends to ``notes`` what was not checked and why."""
+    from gantool.runtime import openvino  # delayed: imports openvino
+
+    if "onnx" not in files:
+        return []
+    if not openvino.openvino_available():
+        notes.append("openvino not checked: the openvino package is not installed")
+        return []
+    wanted: list[tuple[str, Path, str, float | None]] = [("openvino", files["onnx"], "fp32", None)]
+    if openvino.bf16_native():
+        wanted.append(("openvino-bf16", files["onnx"], "bf16", bf16_min_psnr))
+    else:
+        notes.append("openvino-bf16 not checked: this CPU has no native bf16 (AVX512-BF16/AMX)")
+    if "onnx_int8" in files:
+        wanted.append(("openvino-int8", files["onnx_int8"], "int8", int8_min_psnr))
+    return [BackendSpec(name, openvino_backend(path, p), p, None, gate) for name, path, p, gate in wanted]
+
+
+def openvino_backend(path: str | Path, precision: str = "fp32") -> Backend:
+    """An exported ONNX file on OpenVINO's CPU plugin at ``precision`` (fp32, bf16 or int8)."""
+    from gantool.runtime.openvino import compile_onnx, infer  # delayed: imports openvino
+
+    compiled = compile_onnx(path, precision)
+    request = compiled.create_infer_request()
+    return lambda image, mask: infer(compiled, request, image, mask, precision)
 
 
 def cuda_worth_trying() -> bool:

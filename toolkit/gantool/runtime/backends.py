@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -60,15 +61,27 @@ from gantool.core.artifacts import (
 )
 from gantool.core.config import ModelConfig
 from gantool.core.constants import BACKEND_CHOICES, PRECISION_BACKENDS, PRECISIONS, PROVIDERS
-from gantool.core.errors import InputError, ModelError, check_choice, first_line
-from gantool.runtime.providers import OpenedSession, cpu_isa_flags, cuda_device_visible, open_session, torch_device
+from gantool.core.errors import InputError, ModelError, ProviderError, check_choice, first_line
+from gantool.runtime import openvino
+from gantool.runtime.choice import auto_openvino, preferred_precision
+from gantool.runtime.providers import (
+    OpenedSession,
+    check_provider,
+    cpu_isa_flags,
+    cuda_device_visible,
+    open_session,
+    torch_device,
+)
 from gantool.runtime.weights import onnx_initializers, refuse_non_finite
+
+log = logging.getLogger(__name__)
 
 
 class Backend:
     """What every backend has; subclasses implement :meth:`_run`."""
 
     name = "backend"
+    precision_note = "as requested"  # why this precision runs (set by load_backend for --precision auto)
 
     def __init__(self, path: Path, metadata: dict[str, str], provider: str, provider_note: str) -> None:
         self.path = path
@@ -443,9 +456,67 @@ def check_aoti_package(path: Path, metadata: dict[str, str], device: Any, cpu_fl
             raise ModelError(f"{path.name} was compiled for {built_arch}, this GPU is {arch}: {again}")
 
 
+class OpenVinoBackend(Backend):
+    """OpenVINO's CPU plugin on an exported ONNX generator (see :mod:`gantool.runtime.openvino`)."""
+
+    name = "openvino"
+
+    def __init__(self, path: str | Path, provider: str = "auto", precision: str = "auto") -> None:
+        path = Path(path)
+        check_choice("precision", precision, PRECISIONS)
+        check_provider(provider)
+        if provider in ("cuda", "tensorrt"):
+            raise ProviderError(f"the openvino backend runs on the CPU; for {provider} use --backend onnx")
+        if "openvino" not in PRECISION_BACKENDS.get(precision, ("openvino",)):
+            raise InputError(
+                f"precision {precision} needs the {' or '.join(PRECISION_BACKENDS[precision])} backend, not openvino"
+            )
+        if not openvino.openvino_available():
+            raise ProviderError("the openvino backend needs the openvino package (pip install openvino)")
+        if not path.is_file():
+            raise ModelError(f"model not found: {path}")
+        self._precision = "fp32" if precision == "auto" else precision
+        if self._precision == "bf16" and not openvino.bf16_native():
+            raise InputError(
+                "precision bf16 refused on the openvino backend: this CPU has no native bf16 "
+                "(AVX512-BF16 or AMX); bf16 would be emulated and slow"
+            )
+        model_file = OnnxBackend._pick_file(path, self._precision, gpu=False)
+        if model_file != path:  # a sibling file: it must come from the same export
+            check_export_folder(path.parent)
+        try:
+            metadata = read_model_metadata(model_file)
+        except ModelError as e:
+            if "carries no gantool metadata" not in str(e):
+                raise
+            metadata = {}  # Backend warns and assumes the default config
+        self.compiled = openvino.compile_onnx(model_file, self._precision)
+        hint = openvino.PRECISION_HINTS[self._precision]
+        note = f"OpenVINO {openvino.openvino_version()} CPU plugin, INFERENCE_PRECISION_HINT={hint}"
+        super().__init__(model_file, metadata, "CPU", note)
+        self._local = threading.local()  # one infer request per thread, one compiled model for all
+
+    @property
+    def precision(self) -> str:
+        return self._precision if self._precision != "fp32" else self.metadata.get(META_PRECISION, "fp32")
+
+    def _request(self) -> Any:
+        request = getattr(self._local, "request", None)
+        if request is None:
+            request = self._local.request = self.compiled.create_infer_request()
+        return request
+
+    def _run(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return openvino.infer(self.compiled, self._request(), image, mask, self._precision)
+
+    def describe(self) -> str:
+        return f"openvino on CPU ({openvino.PRECISION_HINTS[self._precision]})"
+
+
 # The backends by name (gantool.core.constants.BACKENDS lists the same names, in "auto" order).
 BACKEND_CLASSES: dict[str, Callable[..., Backend]] = {
     "onnx": OnnxBackend,
+    "openvino": OpenVinoBackend,
     "pt2": Pt2Backend,
     "torchscript": TorchScriptBackend,
     "eager": EagerBackend,
@@ -456,25 +527,52 @@ BACKEND_CLASSES: dict[str, Callable[..., Backend]] = {
 def load_backend(
     model: str | Path | None = None, provider: str = "auto", backend: str = "auto", precision: str = "auto"
 ) -> Backend:
-    """Open ``model`` (file, export or run folder, or None for the shipped one) with ``backend`` on ``provider``."""
+    """Open ``model`` (file, export or run folder, or None for the shipped one) with ``backend`` on ``provider``.
+
+    ``backend="auto"`` runs ONNX files on OpenVINO on the CPU (:func:`auto_openvino`), falling back
+    to ONNX Runtime if OpenVINO cannot open it; ``precision="auto"`` follows the model's preference
+    (:func:`preferred_precision`). The returned backend's ``precision_note`` says why it runs what it runs.
+    """
     check_choice("provider", provider, PROVIDERS)
     check_choice("backend", backend, BACKEND_CHOICES)
     check_choice("precision", precision, PRECISIONS)
     allowed = PRECISION_BACKENDS.get(precision)
     if allowed and backend == "auto" and (model is None or Path(model).is_dir()):
         # A folder: the first backend (in auto order) that runs this precision and has a file.
-        for candidate in allowed:
+        # OpenVINO reads the ONNX files; it is a candidate only where `auto` would run it.
+        candidates = [c for c in allowed if c != "openvino" or auto_openvino(provider, precision)]
+        for candidate in candidates:
             try:
                 path, name = resolve_model(model, candidate, precision if precision in ("fp16", "int8") else "fp32")
                 break
             except ModelError:
                 continue
         else:
-            path, name = resolve_model(model, allowed[0], precision)  # raises: names the missing file
+            fallback = precision if precision in ("fp16", "int8") else "fp32"
+            path, name = resolve_model(model, candidates[0], fallback)  # raises: names the missing file
     else:
         path, name = resolve_model(model, backend)
+    picked = backend == "auto" and name in ("onnx", "openvino")  # auto chooses the runtime of an ONNX file
+    if precision == "auto":
+        on_cpu_ov = picked and auto_openvino(provider, "auto")
+        runs_on = "openvino" if on_cpu_ov else ("onnx" if picked else name)
+        precision, precision_note = preferred_precision(path, runs_on, provider)
+    else:
+        precision_note = "as requested"
+    if picked:
+        name = "openvino" if auto_openvino(provider, precision) else "onnx"
+    if allowed is None:
+        allowed = PRECISION_BACKENDS.get(precision)
     if allowed and name not in allowed:
         files = {p: f"an exported {ARTIFACT[f'onnx_{p}'].filename}" for p in ("fp16", "int8")}
         what = files.get(precision, "torch autocast")
         raise InputError(f"precision {precision} needs the {' or '.join(allowed)} backend ({what}), not {name}")
-    return BACKEND_CLASSES[name](path, provider, precision)
+    try:
+        opened = BACKEND_CLASSES[name](path, provider, precision)
+    except (ModelError, ProviderError) as e:
+        if not (picked and name == "openvino"):
+            raise
+        log.warning("OpenVINO could not open %s (%s); running it on ONNX Runtime", path.name, first_line(e))
+        opened = OnnxBackend(path, provider, precision)
+    opened.precision_note = precision_note
+    return opened

@@ -17,8 +17,12 @@ import contextlib
 import importlib.metadata
 import platform
 import sys
+import tempfile
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from gantool.core.artifacts import default_model_dir
 from gantool.core.errors import first_line
@@ -64,6 +68,7 @@ class DoctorReport:
     onnxruntime: dict[str, Any]
     providers: list[ProviderCheck]
     findings: list[Finding] = field(default_factory=list)
+    openvino: dict[str, Any] = field(default_factory=dict)
 
     @property
     def cpu_usable(self) -> bool:
@@ -153,6 +158,48 @@ def onnxruntime_info() -> tuple[dict[str, Any], Any]:
     }, ort
 
 
+def openvino_info(model: bytes | None) -> dict[str, Any]:
+    """OpenVINO: installed or not, its version, what its CPU plugin runs natively, and (with
+    ``model``, the probe) whether it compiles and runs an ONNX model here."""
+    from gantool.runtime import openvino
+
+    if not openvino.openvino_available():
+        return {"installed": False}
+    data: dict[str, Any] = {"installed": True}
+    try:
+        data.update(version=openvino.openvino_version(), capabilities=openvino.cpu_capabilities())
+        if model is not None:
+            with tempfile.TemporaryDirectory() as folder:
+                path = Path(folder) / "probe.onnx"
+                path.write_bytes(model)
+                compiled = openvino.ov_core().compile_model(
+                    str(path), openvino.OV_DEVICE, openvino.compile_config("fp32")
+                )
+                out = compiled.create_infer_request().infer({"x": np.array([[1.0, 2.0, 3.0, -1.0]], np.float32)})
+                data["ran"] = bool(np.array_equal(next(iter(out.values())), [[2.0, 3.0, 4.0, 0.0]]))
+    except Exception as e:  # a broken install: reported, never fatal (ONNX Runtime is the CPU fallback)
+        data["error"] = first_line(e)
+    return data
+
+
+def _openvino_findings(info: dict[str, Any], gpu: bool) -> list[Finding]:
+    if not info.get("installed"):
+        return [
+            Finding(
+                "info",
+                "openvino is not installed: the CPU runs ONNX Runtime (OpenVINO runs the same files faster)",
+                "pip install openvino",
+            )
+        ]
+    if "error" in info or info.get("ran") is False:
+        why = info.get("error", "the probe model gave a wrong result")
+        return [Finding("problem", f"openvino {info.get('version', '')} does not run here ({why}); "
+                        "--backend auto falls back to ONNX Runtime", "pip install --force-reinstall openvino")]  # fmt: skip
+    where = "ONNX Runtime runs the GPU; OpenVINO the CPU with --provider cpu" if gpu else "--backend auto runs it"
+    bf16 = "native bf16" if "BF16" in info.get("capabilities", []) else "no native bf16 (--precision bf16 refused)"
+    return [Finding("info", f"openvino {info['version']} runs ONNX models on the CPU ({where}; {bf16})")]
+
+
 # ----------------------------------------------------------------------------- doctor
 
 
@@ -183,6 +230,8 @@ def diagnose(test_providers: bool = True) -> DoctorReport:
     )
     findings.extend(_torch_findings(torch_data, gpu))
     findings.extend(_ort_findings(ort_data, checks, gpu, test_providers))
+    report.openvino = openvino_info(probe_model_bytes() if test_providers else None)
+    findings.extend(_openvino_findings(report.openvino, gpu))
     findings.extend(_model_findings())
     return report
 
@@ -339,6 +388,13 @@ def report_lines(report: DoctorReport) -> list[str]:
             state = "loads and runs" if check.ran else ("loads" if check.loadable else "NOT loadable")
             why = f" ({check.cause})" if check.cause else ""
             lines.append(f"  {check.name}: {state}{why}")
+    v = report.openvino
+    if v.get("installed"):
+        caps = ", ".join(v.get("capabilities", [])) or "unknown"
+        ran = {True: "compiles and runs", False: "gives a WRONG result", None: "not tested"}[v.get("ran")]
+        lines.append(f"openvino {v.get('version', '?')}: CPU plugin capabilities {caps}; probe model {ran}")
+    else:
+        lines.append("openvino: not installed")
     for finding in report.findings:
         lines.append(f"{finding.level}: {finding.message}")
         if finding.fix:

@@ -83,12 +83,13 @@ def build_networks(
 
 
 def use_channels_last(cfg: TrainConfig, device: torch.device) -> bool:
-    return cfg.channels_last if cfg.channels_last is not None else device.type == "cuda"
+    """channels_last: as chosen, else on for CUDA and wherever bf16 autocast runs (it pays together)."""
+    return cfg.channels_last if cfg.channels_last is not None else device.type == "cuda" or use_amp(cfg, device)
 
 
 def use_amp(cfg: TrainConfig, device: torch.device) -> bool:
-    """bf16 autocast: as chosen, else on for CUDA only (the CPU keeps fp32 unless asked)."""
-    return cfg.amp if cfg.amp is not None else device.type == "cuda"
+    """bf16 autocast: as chosen, else ("auto") on where it is native: CUDA, or a CPU with AVX512-BF16/AMX/Arm BF16."""
+    return cfg.amp if cfg.amp is not None else amp_supported(device)
 
 
 def build_optimizers(nets: Networks, cfg: TrainConfig) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:

@@ -346,7 +346,8 @@ def _train(
         try:
             for sub in (CHECKPOINTS_DIR, SAMPLES_DIR):
                 ensure_writable_dir(run_dir / sub)
-            atomic_write_text(run_dir / RUN_CONFIG_FILE, toml_text(cfg.to_dict()))
+            chosen = {"amp": amp, "channels_last": use_channels_last(cfg, device)}  # what "auto" chose here
+            atomic_write_text(run_dir / RUN_CONFIG_FILE, toml_text({**cfg.to_dict(), **chosen}))
             trim_metrics(run_dir / METRICS_FILE, step)  # a killed run may have logged past its checkpoint
         except GantoolError as e:
             if not dist.enabled:

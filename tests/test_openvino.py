@@ -1,0 +1,229 @@
+"""The OpenVINO backend: the same ONNX exports on OpenVINO's CPU plugin, chosen by `auto` on the CPU,
+one dynamic-shape compile for every shape, precision hints, and `--precision auto` following the
+model's `gantool.prefer`."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from gantool.cli import cli
+from gantool.core.artifacts import META_PREFER, read_model_metadata
+from gantool.core.errors import InputError, ModelError, ProviderError
+from gantool.export.parity import case_inputs, compare, default_cases, openvino_backend, torch_backend
+from gantool.runtime.backends import OpenVinoBackend, load_backend
+from gantool.runtime.choice import auto_choice
+from gantool.runtime.openvino import bf16_native, compile_config, openvino_available
+from gantool.training.checkpoint import generator_from_checkpoint, load_checkpoint
+from inpaint_helpers import exported_model  # noqa: F401 (fixture)
+from tiny import TINY_CONFIG
+
+pytestmark = pytest.mark.skipif(not openvino_available(), reason="openvino is not installed")
+ATOL = 1e-4  # gantool export's default --atol: the fp32 gate
+CASES = default_cases(TINY_CONFIG)
+
+
+def _with_prefer(files: list[Path], folder: Path, prefer: str) -> Path:
+    """Copies of exported ONNX files whose gantool.prefer says ``prefer`` (as `export --prefer` writes it)."""
+    folder.mkdir()
+    for path in files:
+        model = onnx.load(str(path))
+        props = {p.key: p.value for p in model.metadata_props}
+        props[META_PREFER] = prefer
+        del model.metadata_props[:]
+        for key, value in props.items():
+            model.metadata_props.add(key=key, value=value)
+        onnx.save(model, str(folder / path.name))
+    return folder
+
+
+def test_fp32_matches_eager_on_every_case_with_one_compile(exported_model):  # noqa: F811
+    backend = load_backend(exported_model.folder, "cpu", "openvino", "fp32")
+    assert backend.name == "openvino" and backend.provider == "CPU" and backend.precision == "fp32"
+    assert "INFERENCE_PRECISION_HINT=f32" in backend.provider_note
+    compiled = backend.compiled
+    reference = torch_backend(generator_from_checkpoint(load_checkpoint(exported_model.checkpoint)))
+    for case in CASES:  # batches 1-3, square and not, down to 4 x 4: all through the one dynamic compile
+        image, mask = case_inputs(case, TINY_CONFIG.local_size)
+        result = compare(backend.run(image, mask), reference(image, mask), image, mask)
+        assert result["known_exact"] and result["max_abs"] <= ATOL, (case.label, result)
+    assert backend.compiled is compiled
+
+
+def test_auto_runs_openvino_on_the_cpu_and_onnx_runtime_stays_explicit(exported_model):  # noqa: F811
+    auto = load_backend(exported_model.folder, "cpu")
+    assert isinstance(auto, OpenVinoBackend) and auto.path.name == "generator.onnx"
+    assert auto.precision_note == "the model's default"
+    ort = load_backend(exported_model.folder, "cpu", "onnx")
+    assert ort.name == "onnx" and ort.provider == "CPUExecutionProvider"
+    image, mask = case_inputs(CASES[1], TINY_CONFIG.local_size)
+    np.testing.assert_allclose(auto.run(image, mask), ort.run(image, mask), rtol=0, atol=ATOL)
+    assert auto_choice(exported_model.onnx, "cpu") == {"backend": "openvino", "precision": "fp32",
+                                                       "why": "the model's default"}  # fmt: skip
+
+
+def test_threads_share_the_compiled_model_with_their_own_requests(exported_model):  # noqa: F811
+    backend = load_backend(exported_model.folder, "cpu", "openvino")
+    inputs = [case_inputs(case, TINY_CONFIG.local_size) for case in CASES[:4]]
+    expected = [backend.run(image, mask) for image, mask in inputs]
+    outputs: dict[int, list[np.ndarray]] = {}
+
+    def work(index: int) -> None:
+        outputs[index] = [backend.run(image, mask) for _ in range(3) for image, mask in inputs]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for runs in outputs.values():
+        for i, out in enumerate(runs):
+            np.testing.assert_array_equal(out, expected[i % len(inputs)])
+
+
+def test_precisions_it_cannot_run_are_one_line_refusals(exported_model):  # noqa: F811
+    with pytest.raises(InputError, match="precision fp16 needs the onnx backend"):
+        load_backend(exported_model.folder, "cpu", "openvino", "fp16")
+    with pytest.raises(ProviderError, match="runs on the CPU; for cuda use --backend onnx"):
+        load_backend(exported_model.folder, "cuda", "openvino")
+    with pytest.raises(ModelError, match="no int8 model beside"):
+        load_backend(exported_model.folder, "cpu", "openvino", "int8")
+    if not bf16_native():
+        with pytest.raises(InputError, match="no native bf16"):
+            load_backend(exported_model.folder, "cpu", "openvino", "bf16")
+    assert compile_config("fp32")["INFERENCE_PRECISION_HINT"] == "f32"  # exact fp32, even on bf16 CPUs
+    assert compile_config("int8")["INFERENCE_PRECISION_HINT"] == "f32"  # the float parts of the int8 model
+
+
+@pytest.mark.skipif(not openvino_available() or not bf16_native(), reason="this CPU has no native bf16")
+def test_bf16_keeps_known_pixels_exact_and_passes_its_gate(exported_model):  # noqa: F811
+    backend = load_backend(exported_model.folder, "cpu", "openvino", "bf16")
+    reference = torch_backend(generator_from_checkpoint(load_checkpoint(exported_model.checkpoint)))
+    for case in CASES:
+        image, mask = case_inputs(case, TINY_CONFIG.local_size)
+        result = compare(backend.run(image, mask), reference(image, mask), image, mask)
+        assert result["known_exact"] and result["psnr_hole_uint8"] >= 35.0, (case.label, result)
+
+
+def test_int8_file_runs_within_its_gate_and_known_pixels_stay_exact(modern_export):
+    backend = load_backend(modern_export.out_dir, "cpu", "openvino", "int8")
+    assert backend.path.name == "generator_int8.onnx" and backend.precision == "int8"
+    auto_int8 = load_backend(modern_export.out_dir, "cpu", "auto", "int8")
+    assert auto_int8.name == "openvino"  # --precision int8 with --backend auto: OpenVINO on the CPU
+    reference = torch_backend(generator_from_checkpoint(load_checkpoint(modern_export.checkpoint)))
+    ort_fp32 = openvino_backend(modern_export.paths["onnx"], "fp32")
+    for case in CASES:
+        image, mask = case_inputs(case, TINY_CONFIG.local_size)
+        result = compare(backend.run(image, mask), reference(image, mask), image, mask)
+        assert result["known_exact"] and result["psnr_hole_uint8"] >= 35.0, (case.label, result)
+        assert compare(ort_fp32(image, mask), reference(image, mask), image, mask)["max_abs"] <= ATOL
+
+
+def test_unreadable_and_foreign_files_are_one_line(tmp_path: Path, exported_model):  # noqa: F811
+    bad = tmp_path / "generator.onnx"
+    bad.write_bytes(b"\x08\x07not an onnx model at all")
+    with pytest.raises(ModelError) as caught:
+        OpenVinoBackend(bad, "cpu")
+    assert "\n" not in str(caught.value)
+    relu = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [onnx.helper.make_node("Relu", ["x"], ["y"])], "g",
+            [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4])],
+            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])],
+        )
+    )  # fmt: skip
+    onnx.save(relu, str(tmp_path / "relu.onnx"))
+    with pytest.raises(ModelError, match="not a gantool generator"):
+        OpenVinoBackend(tmp_path / "relu.onnx", "cpu")
+
+
+# ------------------------------------------------------------------ --precision auto and gantool.prefer
+
+
+def test_auto_precision_runs_the_preferred_int8_and_explicit_precision_wins(modern_export, tmp_path):
+    paths = modern_export.paths
+    folder = _with_prefer([paths["onnx"], paths["onnx_int8"]], tmp_path / "int8", "int8")
+    auto = load_backend(folder, "cpu")
+    assert auto.name == "openvino" and auto.precision == "int8" and auto.path.name == "generator_int8.onnx"
+    assert auto.precision_note.startswith("the model prefers int8")
+    assert load_backend(folder, "cpu", precision="fp32").precision == "fp32"  # explicit --precision wins
+    ort = load_backend(folder, "cpu", "onnx")
+    assert ort.name == "onnx" and ort.precision == "int8"  # ONNX Runtime runs the preference too
+    assert auto_choice(folder / "generator.onnx", "cpu")["precision"] == "int8"
+
+
+def test_auto_precision_falls_back_to_fp32_with_one_line(exported_model, tmp_path, caplog):  # noqa: F811
+    folder = _with_prefer([exported_model.onnx], tmp_path / "no_int8", "int8")
+    with caplog.at_level(logging.WARNING, logger="gantool.runtime.backends"):
+        backend = load_backend(folder, "cpu")
+    assert backend.precision == "fp32" and "no generator_int8.onnx beside generator.onnx" in backend.precision_note
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["the model prefers int8, but no generator_int8.onnx beside generator.onnx: running fp32"]
+    eager = load_backend(folder.parent / "no_int8" / "generator.onnx", "cpu", "onnx")
+    assert eager.precision == "fp32"  # an fp32-only export under ONNX Runtime: the same fallback
+
+
+def test_inpaint_startup_line_says_which_precision_runs_and_why(modern_export, tmp_path):
+    from PIL import Image
+
+    paths = modern_export.paths
+    folder = _with_prefer([paths["onnx"], paths["onnx_int8"]], tmp_path / "model", "int8")
+    Image.fromarray(np.full((20, 24, 3), 120, np.uint8)).save(tmp_path / "a.png")
+    result = CliRunner().invoke(cli, ["inpaint", str(tmp_path / "a.png"), "--box", "4,4,8,8", "--model", str(folder),
+                                      "--provider", "cpu"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "backend: openvino; precision: int8 (the model prefers int8 (gantool export --prefer int8" in result.output
+    info = CliRunner().invoke(cli, ["info", str(folder / "generator.onnx")])
+    assert "default options run it here: openvino, int8 (the model prefers int8" in info.output, info.output
+
+
+def test_export_refuses_a_preference_whose_gate_cannot_run(exported_model, tmp_path):  # noqa: F811
+    from gantool.export.exporter import export_generator
+
+    with pytest.raises(InputError, match="--prefer int8 needs --int8"):
+        export_generator(exported_model.checkpoint, tmp_path / "a", prefer="int8")
+    with pytest.raises(InputError, match="drop --no-verify"):
+        export_generator(exported_model.checkpoint, tmp_path / "b", prefer="int8", int8=True, verify=False)
+    with pytest.raises(InputError, match="--prefer"):
+        export_generator(exported_model.checkpoint, tmp_path / "c", prefer="fp8")
+    if not bf16_native():
+        with pytest.raises(InputError, match="--prefer bf16 needs its gate"):
+            export_generator(exported_model.checkpoint, tmp_path / "d", prefer="bf16")
+    assert not any((tmp_path / name).exists() and any((tmp_path / name).iterdir()) for name in "abcd")
+
+
+def test_export_records_the_default_preference(exported_model):  # noqa: F811
+    assert read_model_metadata(exported_model.onnx)[META_PREFER] == "fp32"
+
+
+def test_export_sweep_covers_openvino(modern_export):
+    backends = modern_export.report["backends"]
+    assert backends["openvino"]["passed"] and backends["openvino"]["max_abs"] <= ATOL
+    assert backends["openvino-int8"]["passed"] and backends["openvino-int8"]["gate_psnr_hole"] == 35.0
+    if bf16_native():
+        assert backends["openvino-bf16"]["passed"]
+    else:
+        assert any("openvino-bf16 not checked" in note for note in modern_export.report["notes"])
+
+
+@pytest.mark.slow
+def test_export_cli_prefer_int8_then_default_inpaint_runs_int8(checkpoint_factory, tmp_path):
+    from PIL import Image
+
+    checkpoint = checkpoint_factory("trained", seed=5, step=4, phase="joint")
+    out = tmp_path / "export"
+    result = CliRunner().invoke(cli, ["export", str(checkpoint), "--onnx", "--int8", "--prefer", "int8", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "openvino-int8" in result.output and "openvino " in result.output  # the sweep's rows
+    assert read_model_metadata(out / "generator_int8.onnx")[META_PREFER] == "int8"
+    Image.fromarray(np.full((20, 24, 3), 120, np.uint8)).save(tmp_path / "a.png")
+    run = CliRunner().invoke(cli, ["inpaint", str(tmp_path / "a.png"), "--box", "4,4,8,8", "--model", str(out)])
+    assert run.exit_code == 0 and "precision: int8 (the model prefers int8" in run.output, run.output
+    shutil.rmtree(out)

@@ -1,0 +1,86 @@
+"""What default options run: the runtime of an ONNX file on this machine, and the precision
+``--precision auto`` picks from the model's ``gantool.prefer``.
+
+:func:`gantool.runtime.backends.load_backend` asks these; ``gantool info`` shows their answer
+(:func:`auto_choice`) without opening the model.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from gantool.core.artifacts import ARTIFACT, META_PRECISION, META_PREFER, read_model_metadata, resolve_model
+from gantool.core.constants import DEFAULT_PREFER, PRECISION_BACKENDS, PREFER_CHOICES
+from gantool.core.errors import ModelError
+from gantool.runtime import openvino
+from gantool.runtime.providers import cuda_device_visible, torch_device
+
+log = logging.getLogger("gantool.runtime.backends")  # one logger for what load_backend decides
+
+
+def _gpu_likely(provider: str) -> bool:
+    return provider in ("cuda", "tensorrt") or (provider == "auto" and cuda_device_visible())
+
+
+def auto_openvino(provider: str, precision: str) -> bool:
+    """Whether ``--backend auto`` runs an ONNX file on OpenVINO rather than ONNX Runtime:
+    on the CPU, with openvino installed, at a precision it can run here."""
+    if _gpu_likely(provider) or not openvino.openvino_available() or precision == "fp16":
+        return False
+    return precision != "bf16" or openvino.bf16_native()
+
+
+def _file_metadata(path: Path) -> dict[str, str]:
+    try:
+        return read_model_metadata(path)
+    except ModelError:  # a training checkpoint, or a file without gantool metadata: no preference
+        return {}
+
+
+def preferred_precision(path: Path, name: str, provider: str) -> tuple[str, str]:
+    """What ``--precision auto`` runs for ``path`` on backend ``name``, and why.
+
+    The model's ``gantool.prefer`` (written by ``gantool export --prefer`` only when that
+    precision's gate passed) where this backend and machine run it; else "auto" (fp32, or
+    fp16 ONNX on a GPU), with a warning line naming the reason.
+    """
+    prefer = _file_metadata(path).get(META_PREFER, DEFAULT_PREFER)
+    if prefer not in PREFER_CHOICES or prefer == "fp32":
+        return "auto", "the model's default"
+    why_not = ""
+    if name not in PRECISION_BACKENDS[prefer]:
+        why_not = f"the {name} backend cannot run {prefer}"
+    elif prefer == "int8":
+        if _gpu_likely(provider):
+            why_not = "int8 runs on the CPU only"
+        elif not (
+            path.name == ARTIFACT["onnx_int8"].filename or path.with_name(ARTIFACT["onnx_int8"].filename).is_file()
+        ):
+            why_not = f"no {ARTIFACT['onnx_int8'].filename} beside {path.name}"
+    elif name == "openvino":
+        why_not = "" if openvino.bf16_native() else "this CPU has no native bf16"
+    else:
+        from gantool.training.loop import amp_supported  # delayed: the training stack imports torch
+
+        device, _ = torch_device(provider)
+        why_not = "" if amp_supported(device) else f"bf16 is not native on {device}"
+    if why_not:
+        log.warning("the model prefers %s, but %s: running fp32", prefer, why_not)
+        return "auto", f"the model prefers {prefer}, but {why_not}"
+    return prefer, f"the model prefers {prefer} (gantool export --prefer {prefer}; its gate passed at export)"
+
+
+def auto_choice(model: str | Path, provider: str = "auto") -> dict[str, str]:
+    """What default options (backend and precision ``auto``) would run for ``model`` here, and why,
+    without opening it (for ``gantool info``)."""
+    path, name = resolve_model(model, "auto")
+    runs_on = ("openvino" if auto_openvino(provider, "auto") else "onnx") if name == "onnx" else name
+    precision, why = preferred_precision(path, runs_on, provider)
+    if precision == "auto":
+        fp16 = path.with_name(ARTIFACT["onnx_fp16"].filename)
+        on_gpu_fp16 = runs_on == "onnx" and _gpu_likely(provider) and fp16.is_file()
+        precision = "fp16" if on_gpu_fp16 else _file_metadata(path).get(META_PRECISION, "fp32")
+    if runs_on == "openvino" and precision != "bf16" and not auto_openvino(provider, precision):
+        runs_on = "onnx"
+    return {"backend": runs_on, "precision": precision, "why": why}

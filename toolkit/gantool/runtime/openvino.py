@@ -1,0 +1,99 @@
+"""The OpenVINO backend: the same ``generator.onnx`` / ``generator_int8.onnx`` on OpenVINO's CPU plugin.
+
+No new file format: OpenVINO reads gantool's ONNX exports as they are (the QDQ
+nodes of the int8 file run as int8). Precision maps to OpenVINO's
+``INFERENCE_PRECISION_HINT``:
+
+- ``fp32``: ``f32``, so the float model runs in float32 (the CPU plugin would
+  otherwise pick bf16 by itself on CPUs with AVX512-BF16 or AMX);
+- ``bf16``: ``bf16``, only where the CPU plugin reports native BF16
+  (``OPTIMIZATION_CAPABILITIES``); refused elsewhere, where it would be emulated;
+- ``int8``: ``generator_int8.onnx`` with ``f32`` for the parts left in float.
+
+The model is compiled once with its dynamic N, H and W (no recompile per request).
+OpenVINO's CPU plugin prepares kernels for each new input shape on its first run
+and keeps them in its runtime cache, so the first image of a new size pays about
+one extra run (measured in ``docs/benchmarks.md``). One compiled model serves every
+thread; each thread gets its own infer request.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gantool.core.errors import ModelError, first_line
+
+OV_DEVICE = "CPU"
+# gantool precision -> OpenVINO's INFERENCE_PRECISION_HINT (int8 runs from the file's QDQ nodes).
+PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}
+
+
+def openvino_available() -> bool:
+    """Whether the ``openvino`` package is installed (found without importing it)."""
+    return importlib.util.find_spec("openvino") is not None
+
+
+@functools.cache
+def ov_core() -> Any:
+    """The process's one ``openvino.Core`` (created on first use)."""
+    import openvino  # delayed: heavy import
+
+    return openvino.Core()
+
+
+def openvino_version() -> str:
+    import openvino  # delayed: heavy import
+
+    return str(openvino.get_version())
+
+
+def cpu_capabilities() -> list[str]:
+    """What OpenVINO's CPU plugin can run natively here (e.g. FP32, BF16, INT8)."""
+    return [str(c) for c in ov_core().get_property(OV_DEVICE, "OPTIMIZATION_CAPABILITIES")]
+
+
+def bf16_native() -> bool:
+    """Whether OpenVINO runs bf16 natively on this CPU (AVX512-BF16 or AMX)."""
+    return "BF16" in cpu_capabilities()
+
+
+def compile_config(precision: str) -> dict[str, str]:
+    """The compile properties for ``precision`` (fp32, bf16 or int8)."""
+    return {"INFERENCE_PRECISION_HINT": PRECISION_HINTS[precision], "PERFORMANCE_HINT": "LATENCY"}
+
+
+def compile_onnx(path: str | Path, precision: str = "fp32") -> Any:
+    """``path`` (a gantool ONNX generator) compiled for OpenVINO's CPU plugin at ``precision``.
+
+    Its dynamic N, H and W stay dynamic: one compile serves every shape."""
+    core = ov_core()
+    try:
+        model = core.read_model(str(path))
+    except Exception as e:  # OpenVINO raises RuntimeError subclasses for corrupt or foreign files
+        raise ModelError(f"OpenVINO cannot read {path}: {first_line(e)}") from None
+    inputs = sorted(name for port in model.inputs for name in port.get_names())
+    outputs = [name for port in model.outputs for name in port.get_names()]
+    if not {"image", "mask"} <= set(inputs) or "inpainted" not in outputs:
+        raise ModelError(
+            f"{path} is not a gantool generator (inputs {inputs}, outputs {outputs}; expected image, mask -> inpainted)"
+        )
+    try:
+        return core.compile_model(model, OV_DEVICE, compile_config(precision))
+    except Exception as e:
+        raise ModelError(f"OpenVINO cannot compile {path}: {first_line(e)}") from None
+
+
+def infer(compiled: Any, request: Any, image: np.ndarray, mask: np.ndarray, precision: str) -> np.ndarray:
+    """One run of ``compiled`` through ``request`` on NCHW float32 arrays."""
+    result = request.infer({"image": image, "mask": mask})
+    out = np.array(result[compiled.output("inpainted")], dtype=np.float32)  # a copy: the request reuses its buffer
+    if precision == "bf16":
+        # bf16 also rounds the graph's final composite; redo it in float32 so known pixels
+        # pass through exactly (as in the graph: image * known + out * mask).
+        out = image * (1.0 - mask) + out * mask
+    return out
