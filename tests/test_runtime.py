@@ -153,6 +153,9 @@ def test_corrupt_models_raise_model_errors(exported_model: ExportedModel, tmp_pa
         OnnxBackend(bad_onnx, "cpu")
     bad_ts = tmp_path / "generator.torchscript.pt"
     bad_ts.write_bytes(b"PK\x03\x04 truncated zip")
+    with pytest.raises(ModelError, match="truncated or damaged"):  # said so, not a miniz error
+        TorchScriptBackend(bad_ts, "cpu")
+    bad_ts.write_bytes(b"not a zip at all")
     with pytest.raises(ModelError, match="not a readable TorchScript model"):
         TorchScriptBackend(bad_ts, "cpu")
     bad_weights = tmp_path / "generator.safetensors"

@@ -369,6 +369,10 @@ def _write_formats(
     """Write every format of ``keys`` into ``stage`` (the report aside)."""
     done = _Written()
     tmp = {key: stage / ARTIFACT[key].filename for key in keys}
+    if "aoti" in keys:
+        # Imported before the scratch space: inductor fixes its precompiled-header folder from the temp
+        # folder at import, and that must not point into this (soon removed) staging folder.
+        import torch._inductor.codecache  # noqa: F401
     with scratch_space_in(stage):
         _write_each(done, tmp, stage, out_dir, state, generator, folded, example, metadata, opset,
                     keep_debug_info, calib, int8_min_psnr, cases, aoti_device)  # fmt: skip
