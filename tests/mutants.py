@@ -135,7 +135,7 @@ MUTANTS: list[Mutant] = [
     # ------------------------------------------------------------------------ mask contract
     Mutant(
         "mask_threshold_ge_127",
-        "core/processing.py",
+        "core/mask_input.py",
         "    return (level > peak / 2).astype(np.float32)",
         "    return (level >= (peak - 1) / 2).astype(np.float32)",
         (
@@ -146,7 +146,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "alpha_threshold_lt_127",
-        "core/processing.py",
+        "core/mask_input.py",
         "return (alpha <= 127).astype(np.float32)",
         "return (alpha < 127).astype(np.float32)",
         (f"{BOUNDS}::test_alpha_channel_128_is_kept_and_127_is_a_hole_inpainter",),
@@ -383,7 +383,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "zero_one_mask_png_ignored",
-        "core/processing.py",
+        "core/mask_input.py",
         "    if colour.size and integer and values.max() == 1 and values.min() >= 0:",
         "    if False:",
         (f"{BOUNDS}::test_zero_one_mask_png_is_read_as_a_zero_one_mask_inpainter",),
@@ -494,7 +494,7 @@ MUTANTS: list[Mutant] = [
     # ------------------------------------------------ the same input means the same thing (issue #23)
     Mutant(
         "mask_colour_by_luma",
-        "core/processing.py",
+        "core/mask_input.py",
         "    level = colour.max(axis=2) if colour.shape[2] else np.zeros(values.shape[:2], np.float32)",
         "    level = colour.mean(axis=2) if colour.shape[2] else np.zeros(values.shape[:2], np.float32)",
         (f"{INPUTS}::test_a_mask_file_a_pil_image_and_an_array_give_the_same_holes",),
@@ -502,7 +502,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "alpha_only_mask_ignored",
-        "core/processing.py",
+        "core/mask_input.py",
         "        level = values[..., -1] if alpha_only else level * opacity",
         "        level = level * opacity",
         (f"{INPUTS}::test_a_mask_file_a_pil_image_and_an_array_give_the_same_holes",),
@@ -565,8 +565,8 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "bench_json_infinity",
-        "tools/bench_inpaint.py",
-        "        return value if np.isfinite(value) else None",
+        "tools/timing.py",
+        "        return value if math.isfinite(value) else None",
         "        return value",
         ("test_bench.py::test_json_output_is_strict_json",),
     ),

@@ -170,7 +170,7 @@ def bench_inpaint(
         _bench_ray(model, as_json, actors, ray_address, options)
         return
     from gantool.tools.bench_inpaint import bench_inpaint as run
-    from gantool.tools.bench_inpaint import strict_json
+    from gantool.tools.timing import strict_json
 
     result = run(model, **options)
     nothing = "no row could be measured: every one failed (see its error)"

@@ -591,15 +591,3 @@ def bench_inpaint(
         full = next(r for r in rows_blend if r["strategy"] == "full")
         goals["blend_vs_model_512"] = {**full, "goal": 0.15, "met": full["blend_vs_model"] <= 0.15}
     return result
-
-
-def strict_json(value: Any) -> Any:
-    """``value`` with non-finite floats as None, for ``json.dumps(..., allow_nan=False)``:
-    strict JSON has no Infinity or NaN (a hole PSNR of identical outputs is infinite)."""
-    if isinstance(value, float):
-        return value if np.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: strict_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [strict_json(v) for v in value]
-    return value
