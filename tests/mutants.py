@@ -412,6 +412,14 @@ MUTANTS: list[Mutant] = [
         ("test_provenance.py::test_scanner_reads_a_compiled_librarys_strings_but_not_its_weight_section",),
     ),
     Mutant(
+        "pt2_range_constraints_in_hash_order",
+        "export/formats.py",
+        "        sort_range_constraints(program)  # equal checkpoints, equal bytes",
+        "        pass",
+        ("test_provenance.py::test_same_checkpoint_from_two_folders_gives_identical_onnx_bytes",),
+        why="generator.pt2's bytes followed PYTHONHASHSEED: exports were not reproducible",
+    ),
+    Mutant(
         "json_escaped_windows_path_missed",
         "export/provenance.py",
         "[A-Za-z]:\\\\\\\\?(?:[^\\\\\\s",

@@ -41,11 +41,14 @@ def invoke(*args: object):
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
-def export_in(folder: Path, env: dict[str, str]) -> Path:
-    """``gantool export last.pt`` in a fresh process whose working folder is ``folder``."""
+def export_in(folder: Path, env: dict[str, str], hash_seed: str = "0") -> Path:
+    """``gantool export last.pt`` in a fresh process whose working folder is ``folder``.
+
+    ``hash_seed``: PYTHONHASHSEED, so set iteration orders differ between the two exports."""
     proc = subprocess.run(
-        [sys.executable, "-m", "gantool", "export", "last.pt", "--fp16", "--no-verify", "-o", "out"],
-        cwd=folder, capture_output=True, text=True, env=env, timeout=600, check=False,
+        [sys.executable, "-m", "gantool", "export", "last.pt", "--fp16", "--onnx", "--pt2", "--torchscript", "--no-verify",
+         "-o", "out"],
+        cwd=folder, capture_output=True, text=True, env=dict(env, PYTHONHASHSEED=hash_seed), timeout=600, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return folder / "out"
@@ -60,7 +63,7 @@ def two_exports(checkpoint_factory, tmp_path_factory, subprocess_env):
     second.mkdir(parents=True)
     for folder in (first, second):
         shutil.copy(checkpoint, folder / "last.pt")
-    return export_in(first, subprocess_env), export_in(second, subprocess_env)
+    return export_in(first, subprocess_env, "1"), export_in(second, subprocess_env, "2")
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +79,7 @@ def debug_export(checkpoint_factory, tmp_path_factory):
 
 def test_same_checkpoint_from_two_folders_gives_identical_onnx_bytes(two_exports):
     first, second = two_exports
-    for name in (*ONNX_OUTPUTS, "generator.safetensors", "generator.torchscript.pt"):
+    for name in (*ONNX_OUTPUTS, "generator.safetensors", "generator.torchscript.pt", "generator.pt2"):
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
 
 

@@ -194,6 +194,20 @@ def strip_program_debug_info(program: Any) -> Any:
     return program
 
 
+def sort_range_constraints(program: Any) -> Any:
+    """Order an ExportedProgram's ``range_constraints`` by symbol name, in place.
+
+    torch fills them from a set of sympy symbols, so their order (written into the
+    .pt2's model.json, and into its ``serialization_id``, which hashes the entries)
+    follows PYTHONHASHSEED: two exports of one checkpoint differed in bytes.
+    """
+    constraints = program.range_constraints  # the program's own dict, not a copy
+    ordered = sorted(constraints.items(), key=lambda item: str(item[0]))
+    constraints.clear()
+    constraints.update(ordered)
+    return program
+
+
 def export_pt2(
     module: nn.Module,
     example: tuple[Tensor, Tensor],
@@ -211,6 +225,7 @@ def export_pt2(
             program = export_program(module, example)
         if not keep_debug_info:
             strip_program_debug_info(program)
+        sort_range_constraints(program)  # equal checkpoints, equal bytes
         buffer = io.BytesIO()  # in memory: torch's C++ writer aborts the process on a full disk
         torch.export.save(program, buffer, extra_files={PT2_METADATA_ENTRY: json.dumps(metadata)})
     except Exception as e:  # torch.export raises many types (UserError, ConstraintViolationError, ...)
