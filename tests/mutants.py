@@ -314,13 +314,6 @@ MUTANTS: list[Mutant] = [
         ("test_train_faults.py::test_the_checkpoint_writer_keeps_the_cause_torch_would_hide",),
     ),
     Mutant(
-        "older_step_checkpoints_ignored",
-        "training/runfolder.py",
-        "        steps += [int(m.group(1)) for p in folder.iterdir() if (m := STEP_CHECKPOINT.fullmatch(p.name))]",
-        "        pass",
-        ("test_train_faults.py::test_an_older_checkpoint_is_refused_in_place_even_without_last_pt",),
-    ),
-    Mutant(
         "relative_data_kept_relative",
         "training/loop.py",
         "cfg = cfg.replace(data=str(Path(cfg.data).absolute()))",
