@@ -499,3 +499,42 @@ def test_runs_shows_the_checkpoint_step_missing_phases_null_psnr_and_plots_jpeg(
     assert plot.exit_code == 0, plot.output
     assert (tmp_path / "curves.jpg").read_bytes()[:3] == b"\xff\xd8\xff"  # JPEG bytes in a .jpg
     one_line(CliRunner().invoke(cli, ["runs", str(run), "--plot", str(tmp_path / "curves.bmp")]), "must end in")
+
+
+# --------------------------------------------------- 5. gantool train --nproc-per-node
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--nproc-per-node", "3"], "must be divisible by the 3 processes"),
+        (["--nproc-per-node", "2", "--sync-bn", "--device", "cpu"], "--sync-bn needs GPUs"),
+        (["--nproc-per-node", "2", "--size", "30"], "multiple of 4"),
+    ],
+)
+def test_nproc_refusals_are_one_line_before_any_process_or_folder(tmp_path, args, fragment):
+    # Once per rank (and torchrun's traceback) before: now one line from the launcher itself.
+    result = run_cli("train", "--out", str(tmp_path / "run"), *TINY_ARGS, *args)
+    one_line(result, fragment)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_nproc_launch_sigterm_exits_143_with_a_checkpoint_and_no_traceback(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "gantool", "train", "--nproc-per-node", "2", "--device", "cpu", "--out", str(out),
+           *TINY_ARGS, "--steps-g", "100000", "--steps-d", "0", "--steps-joint", "0", "--log-every", "1"]
+    proc = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_steps(proc, out / "metrics.jsonl", 3, timeout=300)
+    proc.send_signal(signal.SIGUSR1)  # forwarded: a checkpoint, and training goes on
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (out / "checkpoints" / "last.pt").exists():
+        assert proc.poll() is None, proc.communicate()[1]
+        time.sleep(0.1)
+    first = load_checkpoint(out / "checkpoints" / "last.pt")["step"]
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=180)
+    assert proc.returncode == 143, stderr
+    assert "Traceback" not in stderr and "SignalException" not in stderr
+    assert stderr.count("interrupted at step") == 1 and "SIGTERM" in stderr
+    assert load_checkpoint(out / "checkpoints" / "last.pt")["step"] >= first >= 1

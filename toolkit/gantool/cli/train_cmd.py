@@ -128,8 +128,18 @@ class OneLineErrors(click.Command):
     is_flag=True,
     help="With --resume: continue on a data folder other than (or changed from) the checkpoint's.",
 )
+@click.option(
+    "--nproc-per-node",
+    "nproc",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Launch N DDP processes on this machine (torch's own launcher, as torchrun does).",
+)
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def train(config_file: str | None, resume: str | None, allow_data_change: bool, quiet: bool, **options: Any) -> None:
+def train(
+    config_file: str | None, resume: str | None, allow_data_change: bool, nproc: int, quiet: bool, **options: Any
+) -> None:
     """Train a GLCIC inpainting GAN with the fixed GAN loop.
 
     Phases: reconstruction only (--steps-g), discriminator only (--steps-d), then
@@ -140,6 +150,9 @@ def train(config_file: str | None, resume: str | None, allow_data_change: bool, 
     """
     from gantool.training.signals import StopFlag  # stdlib only: installed before torch is imported
 
+    if nproc != 1:
+        _launch(config_file, resume, allow_data_change, nproc, options)
+        return
     stop = StopFlag()
     with stop.installed():
         try:
@@ -164,6 +177,34 @@ def _run(
     chosen = read_toml(config_file) if config_file else {}
     chosen.update(explicit_options(click.get_current_context(), options))
     return run_training(chosen, resume=resume, progress=not quiet, allow_data_change=allow_data_change, stop=stop)
+
+
+def _launch(
+    config_file: str | None, resume: str | None, allow_data_change: bool, nproc: int, options: dict[str, Any]
+) -> None:
+    """Check everything once, then run this same command in ``nproc`` processes."""
+    from gantool.core.config import read_toml
+    from gantool.training.launch import check_launch, launch
+
+    chosen = read_toml(config_file) if config_file else {}
+    chosen.update(explicit_options(click.get_current_context(), options))
+    check_launch(chosen, resume, nproc, allow_data_change)
+    sys.exit(launch(nproc, _argv_without_nproc()))
+
+
+def _argv_without_nproc() -> list[str]:
+    """This command's arguments after ``train``, less --nproc-per-node (the workers are single processes)."""
+    args = sys.argv[1:]
+    args = args[args.index("train") + 1 :] if "train" in args else args
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--nproc-per-node":
+            skip = True
+        elif not arg.startswith("--nproc-per-node="):
+            out.append(arg)
+    return out
 
 
 def _report(result: Any) -> None:
