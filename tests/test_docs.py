@@ -200,7 +200,9 @@ def run_block(block: Block, scratch: Scratch, timeout: float = 600) -> None:
             argv, cwd=scratch.folder, env=scratch.env, capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
     except subprocess.TimeoutExpired as e:
-        raise DocError(f"{block.where}: the block ran past {timeout:.0f} s") from e
+        seen = b"".join(x if isinstance(x, bytes) else x.encode() for x in (e.stdout or b"", e.stderr or b""))
+        tail = "\n".join(seen.decode(errors="replace").strip().splitlines()[-10:])
+        raise DocError(f"{block.where}: the block ran past {timeout:.0f} s\n--- output so far ---\n{tail}") from e
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
         raise DocError(f"{block.where}: the block failed (exit {proc.returncode}):\n{block.text}\n--- output ---\n{tail}")
@@ -211,7 +213,8 @@ def run_page(blocks: list[Block], scratch: Scratch, tiers: tuple[str, ...]) -> l
     ran = []
     for block in blocks:
         if block.marker in tiers:
-            run_block(block, scratch)
+            # The slow tier's exports and runs take minutes on a loaded 2-core machine.
+            run_block(block, scratch, timeout=600 if block.marker == "run" else 1800)
             ran.append(block.where)
     return ran
 
