@@ -200,7 +200,9 @@ def run_block(block: Block, scratch: Scratch, timeout: float = 600) -> None:
             argv, cwd=scratch.folder, env=scratch.env, capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
     except subprocess.TimeoutExpired as e:
-        raise DocError(f"{block.where}: the block ran past {timeout:.0f} s") from e
+        seen = b"".join(x if isinstance(x, bytes) else x.encode() for x in (e.stdout or b"", e.stderr or b""))
+        tail = "\n".join(seen.decode(errors="replace").strip().splitlines()[-10:])
+        raise DocError(f"{block.where}: the block ran past {timeout:.0f} s\n--- output so far ---\n{tail}") from e
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
         raise DocError(f"{block.where}: the block failed (exit {proc.returncode}):\n{block.text}\n--- output ---\n{tail}")
@@ -211,7 +213,8 @@ def run_page(blocks: list[Block], scratch: Scratch, tiers: tuple[str, ...]) -> l
     ran = []
     for block in blocks:
         if block.marker in tiers:
-            run_block(block, scratch)
+            # The slow tier's exports and runs take minutes on a loaded 2-core machine.
+            run_block(block, scratch, timeout=600 if block.marker == "run" else 1800)
             ran.append(block.where)
     return ran
 
@@ -493,3 +496,86 @@ def test_the_options_check_fails_on_a_missing_option_and_on_a_stale_row() -> Non
     tables, errors = options_tables(unmarked, "p.md")
     assert tables == [] and errors == ["p.md:1: an options table without <!-- options: gantool CMD --> before it"]
     assert check_options_tables(commands, tables) == ["gantool: no options table (put <!-- options: gantool --> before one in docs/)"]
+
+
+# ------------------------------------------------------------------------------ names and links
+
+# Metadata keys of files exported by older versions, named in the docs as such.
+LEGACY_METADATA_KEYS = {"gantool.exported_at"}
+
+
+def python_name_resolves(name: str) -> bool:
+    """``gantool.a.b.c``: the longest importable module prefix, then attributes."""
+    import importlib
+
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attribute in parts[i:]:
+            if not hasattr(obj, attribute):
+                return False
+            obj = getattr(obj, attribute)
+        return True
+    return False
+
+
+def stale_python_names(text: str, source: str) -> list[str]:
+    from gantool.core import artifacts
+
+    keys = {v for k, v in vars(artifacts).items() if k.startswith("META_") and isinstance(v, str)}
+    stale = []
+    for n, line in enumerate(text.splitlines(), 1):
+        for m in re.finditer(r"`(gantool(?:\.[A-Za-z_]\w*)+)", line):
+            name = m.group(1)
+            if name not in keys | LEGACY_METADATA_KEYS and not python_name_resolves(name):
+                stale.append(f"{source}:{n}: {name}")
+    return stale
+
+
+def _anchors(text: str) -> set[str]:
+    anchors = set()
+    for line in text.splitlines():
+        m = re.match(r"^#{1,6}\s+(.*)$", line)
+        if m:  # GitHub's slugs: lower case, punctuation dropped, spaces to hyphens
+            anchors.add(re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-"))
+    return anchors
+
+
+def broken_links(path: Path) -> list[str]:
+    """Relative links whose file, or whose #anchor in that file, does not exist."""
+    text = path.read_text()
+    text_no_code = re.sub(r"```.*?```", "", text, flags=re.S)
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text_no_code):
+        if re.match(r"^[a-z]+://", target) or target.startswith("mailto:"):
+            continue
+        file_part, _, anchor = target.partition("#")
+        dest = (path.parent / file_part).resolve() if file_part else path
+        if not dest.exists():
+            broken.append(f"{_rel(path)}: ]({target}): no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest.read_text()):
+            broken.append(f"{_rel(path)}: ]({target}): no heading #{anchor} in {_rel(dest)}")
+    return broken
+
+
+def test_python_names_in_the_docs_exist() -> None:
+    assert [s for p in doc_files() for s in stale_python_names(p.read_text(), _rel(p))] == []
+
+
+def test_links_between_the_docs_point_at_files_and_headings_that_exist() -> None:
+    assert [b for p in doc_files() for b in broken_links(p)] == []
+
+
+def test_the_name_and_link_checks_catch_a_moved_module_and_a_dangling_anchor(tmp_path: Path) -> None:
+    text = "Use `gantool.core.processing.poisson_blend`, not `gantool.processing.poisson_blend`; `gantool.precision`.\n"
+    assert stale_python_names(text, "p.md") == ["p.md:1: gantool.processing.poisson_blend"]
+    (tmp_path / "other.md").write_text("# Other\n\n## The run folder\n")
+    page = tmp_path / "page.md"
+    page.write_text("# Page\n\nSee [it](other.md#the-run-folder), [that](#the-run-folder) and [x](gone.md).\n")
+    assert [b.split(": ", 1)[1] for b in broken_links(page)] == [
+        "](#the-run-folder): no heading #the-run-folder in " + _rel(page),
+        "](gone.md): no such file",
+    ]

@@ -195,9 +195,10 @@ def long_functions(path: Path, relative: str) -> list[str]:
     lines = text.splitlines()
     found = []
     for node in ast.walk(ast.parse(text)):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and function_length(node) > MAX_FUNCTION_LINES:
-            if not has_long_reason(lines, node):
-                found.append(f"{relative}::{node.name} ({function_length(node)} lines)")
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if function_length(node) > MAX_FUNCTION_LINES and not has_long_reason(lines, node):
+            found.append(f"{relative}::{node.name} ({function_length(node)} lines)")
     return found
 
 
