@@ -376,7 +376,9 @@ def cli_options(root: click.Command | None = None) -> dict[str, CommandOptions]:
     def walk(command: click.Command, path: str, ctx: click.Context) -> None:
         help_names = set(command.get_help_option_names(ctx))
         options = [p for p in command.params if isinstance(p, click.Option) and not set(p.opts) <= help_names]
+        # An argument may be named by its name in capitals or by the metavar --help shows.
         arguments = {p.name.upper() for p in command.params if isinstance(p, click.Argument) and p.name}
+        arguments |= {p.metavar.upper() for p in command.params if isinstance(p, click.Argument) and p.metavar}
         if options or arguments:
             found[path] = CommandOptions(options, arguments)
         if isinstance(command, click.Group):

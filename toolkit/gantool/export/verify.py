@@ -59,6 +59,7 @@ def _bf16_backend(module: Any) -> Backend:
     return run
 
 
+# long: one flat list of the backends the sweep runs, one block per exported format; split, it would hide which formats are checked
 def verify_exports(
     generator: CompletionNetwork,
     folded: nn.Module,

@@ -406,6 +406,7 @@ def ray_inpaint(
         lock.release()
 
 
+# long: the Ray run from connection to wind-down in order; its signal and manifest steps must stay visibly in sequence
 def _run(
     ray: Any,
     jobs: list[ImageJob],

@@ -60,6 +60,7 @@ def _dotted_mask(side: int, holes: int) -> np.ndarray:
     return mask
 
 
+# long: the interleaved A/B rounds, the keep-alive probe and the many-holes probe against one server process, in order
 def bench_serve_hostile(
     model: str | Path | None = None,
     requests: int = 100,

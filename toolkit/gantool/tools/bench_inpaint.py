@@ -172,6 +172,7 @@ def _gate(precision: str, output: np.ndarray, reference: np.ndarray, mask: np.nd
     return psnr, psnr >= limit
 
 
+# long: the rows of one size and batch timed round by round; the loop over paths and its error rows read as one table
 def bench_backend_rows(
     model: str | Path | None,
     backends: Sequence[str],
