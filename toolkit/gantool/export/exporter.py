@@ -203,6 +203,7 @@ def _max_opset() -> int:
     return onnx.defs.onnx_opset_version()
 
 
+# long: the export's steps in order (check, stage, write each format, verify, commit); each step is a call, and their order is the contract
 def export_generator(
     checkpoint_path: str | Path,
     out_dir: str | Path | None = None,

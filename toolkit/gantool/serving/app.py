@@ -308,6 +308,7 @@ INPAINT_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+# long: the routes share the app's state through closures; one function keeps every route of the API in one place
 def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> FastAPI:
     """The FastAPI app serving ``inpainter`` (already opened; its ``.backend`` runs)."""
     settings = settings or ServeSettings()

@@ -289,6 +289,7 @@ def _claim_on_rank0(plan: RunPlan, dist: DistributedContext) -> tuple[Path, Any]
     return run_dir, release
 
 
+# long: nanoGPT-style, the whole loop reads at once: set-up calls, then the step loop with its checkpoint, sample and signal points
 def _train(
     cfg: TrainConfig,
     state: dict[str, Any] | None,
