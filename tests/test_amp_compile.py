@@ -65,7 +65,9 @@ def test_avx512_without_bf16_is_not_native_bf16(monkeypatch, tmp_path):
     """torch's get_cpu_capability() says "AVX512" on such CPUs too; that must not count."""
     fake_cpuinfo = tmp_path / "cpuinfo"
     fake_cpuinfo.write_text("flags\t\t: fpu sse avx2 avx512f avx512bw avx512_vnni\n")
-    monkeypatch.setattr(train_module, "CPUINFO", fake_cpuinfo)
+    import gantool.training.build as build_module  # where the CPU probe lives since the loop's split
+
+    monkeypatch.setattr(build_module, "CPUINFO", fake_cpuinfo)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
     assert not cpu_has_native_bf16()

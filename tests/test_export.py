@@ -52,6 +52,7 @@ pytestmark = [
 CONTRACT_KEYS = {
     "gantool.version", "gantool.model_config", "gantool.processing", "gantool.train_step", "gantool.train_phase",
     "gantool.weights_sha256", "gantool.export_id", "gantool.precision", "gantool.source", "gantool.torch_version",
+    "gantool.prefer",
 }  # fmt: skip
 OUTPUT_NAMES = ("generator.onnx", "generator.torchscript.pt", "generator.safetensors", "export_report.json")
 
@@ -443,5 +444,6 @@ def test_build_metadata_is_strings_only():
     generator = briefly_trained_generator(TINY_CONFIG, steps=1)
     state = {"model_config": TINY_CONFIG.to_dict(), "generator": generator.state_dict(), "step": 3, "phase": "d"}
     meta = build_metadata(state, source="x.pt", precision="fp16")
-    assert set(meta) == CONTRACT_KEYS and all(isinstance(v, str) for v in meta.values())
+    # gantool.prefer is added by export_generator (the --prefer option), not by build_metadata
+    assert set(meta) == CONTRACT_KEYS - {"gantool.prefer"} and all(isinstance(v, str) for v in meta.values())
     assert meta["gantool.precision"] == "fp16" and meta["gantool.train_step"] == "3"

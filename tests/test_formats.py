@@ -187,7 +187,7 @@ def test_bf16_is_refused_with_the_reason_where_it_is_not_native(modern_export, m
     with pytest.raises(InputError, match="no native bf16"):
         load_backend(modern_export.out_dir, "cpu", "pt2", precision="bf16")
     for backend in ("onnx", "aoti"):
-        with pytest.raises(InputError, match="bf16 needs the pt2 or eager backend"):
+        with pytest.raises(InputError, match="bf16 needs the openvino or pt2 or eager backend"):
             load_backend(modern_export.out_dir, "cpu", backend, precision="bf16")
 
 
@@ -199,7 +199,7 @@ def test_int8_is_picked_only_when_asked(modern_export):
     image, mask = _batch(1, 32, 32)
     result = compare(int8.run(image, mask), auto.run(image, mask), image, mask)
     assert result["known_exact"] and result["psnr_hole_uint8"] >= 35.0
-    with pytest.raises(InputError, match="int8 needs the onnx backend"):
+    with pytest.raises(InputError, match="int8 needs the openvino or onnx backend"):
         load_backend(modern_export.out_dir, "cpu", "pt2", precision="int8")
 
 
@@ -252,10 +252,12 @@ def test_inpaint_startup_line_says_the_precision(modern_export, tmp_path):
     result = invoke("inpaint", tmp_path / "a.png", "--box", "4,4,8,8", "--model", modern_export.out_dir,
                     "--precision", "int8", "--provider", "cpu")  # fmt: skip
     assert result.exit_code == 0, result.output
-    # --backend auto runs the int8 file on OpenVINO on the CPU (ONNX Runtime where openvino is missing)
+    # --backend auto runs the int8 file on OpenVINO on the CPU where AUTO_PICKS_OPENVINO and openvino is
+    # installed, else on ONNX Runtime
+    from gantool.core.constants import AUTO_PICKS_OPENVINO
     from gantool.runtime.openvino import openvino_available
 
-    runtime = "openvino" if openvino_available() else "onnx"
+    runtime = "openvino" if AUTO_PICKS_OPENVINO and openvino_available() else "onnx"
     assert f"backend: {runtime}; precision: int8 (as requested); blend: poisson; model:" in result.output
     result = invoke("inpaint", tmp_path / "a.png", "--box", "4,4,8,8", "--model", modern_export.out_dir,
                     "--backend", "aoti", "--provider", "cpu", "--overwrite")  # fmt: skip

@@ -599,10 +599,11 @@ def test_serve_without_the_extra_says_how_to_install(monkeypatch):
 
 
 def auto_cpu_runtime() -> tuple[str, str]:
-    """What --backend auto runs an ONNX export on, on the CPU: OpenVINO where installed."""
+    """What --backend auto runs an ONNX export on, on the CPU: OpenVINO where AUTO_PICKS_OPENVINO and installed."""
+    from gantool.core.constants import AUTO_PICKS_OPENVINO
     from gantool.runtime.openvino import openvino_available
 
-    return ("openvino", "CPU") if openvino_available() else ("onnx", "CPUExecutionProvider")
+    return ("openvino", "CPU") if AUTO_PICKS_OPENVINO and openvino_available() else ("onnx", "CPUExecutionProvider")
 
 
 def test_loopback_detection():

@@ -29,6 +29,9 @@ PRECISION_BACKENDS = {"fp16": ("onnx",), "int8": ("openvino", "onnx"), "bf16": (
 # What `gantool export --prefer` may record for `--precision auto` (gantool.core.artifacts.META_PREFER).
 PREFER_CHOICES = ("fp32", "bf16", "int8")
 DEFAULT_PREFER = "fp32"
+# Whether `--backend auto` runs ONNX files on OpenVINO on the CPU (see gantool.runtime.choice.auto_openvino):
+# off until it is measured faster on a quiet machine; `--backend openvino` runs it.
+AUTO_PICKS_OPENVINO = False
 # `gantool bench inpaint`'s default paths: a backend, or backend:precision (see gantool.tools.bench_inpaint).
 BENCH_INPAINT_PATHS = (
     "eager",

@@ -1,15 +1,10 @@
-"""`gantool bench inpaint`: inference *paths* timed per provider, size and batch.
-
-A path is a backend, or ``backend:precision`` (``onnx:int8``, ``eager:bf16``, ``pt2:bf16``).
-Each row has the hole PSNR of its output against eager fp32 on the same inputs and whether
-that passes the precision's gate (:data:`PRECISION_GATES`); the fastest passing path is named
-per provider, size and batch, and compared with torch bf16 + channels_last eager at 512 px,
-batch 1. Also the end-to-end file pipeline, the crop strategy and the blend. Never used by
-tests for timing.
-"""
+"""`gantool bench inpaint`: inference paths (a backend, or ``backend:precision``) timed per provider,
+size and batch, each with its hole PSNR against eager fp32 and its gate (:data:`PRECISION_GATES`); also
+the end-to-end file pipeline, the crop strategy and the blend. Never used by tests for timing."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import statistics
@@ -153,11 +148,21 @@ class _Reference:
         self.backend: Any = None  # opened on first use
         self.outputs: dict[tuple[int, ...], np.ndarray] = {}
 
+    def _open(self) -> Any:
+        """Eager fp32; for a model file, from its folder's weights, else ONNX Runtime fp32 on the file."""
+        tries = [(self.model, "eager")]
+        if self.model is not None and not Path(self.model).is_dir():
+            tries += [(Path(self.model).parent, "eager"), (self.model, "onnx")]
+        for model, backend in tries[:-1]:
+            with contextlib.suppress(ModelError):
+                return load_backend(model, "cpu", backend, "fp32")
+        return load_backend(tries[-1][0], "cpu", tries[-1][1], "fp32")
+
     def output(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
         key = image.shape
         if key not in self.outputs:
             if self.backend is None:
-                self.backend = load_backend(self.model, "cpu", "eager", "fp32")
+                self.backend = self._open()
             self.outputs[key] = self.backend.run(image, mask)
         return self.outputs[key]
 
