@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import sys
 
 import click
 
@@ -233,4 +235,9 @@ def serve(
     stopped_by = run_server(build_app(inpainter, settings), sock, settings, lambda line: click.echo(line, err=True))
     if stopped_by is not None:
         click.echo("stopped", err=True)
-        raise SystemExit(128 + stopped_by)  # 130 for SIGINT, 143 for SIGTERM, as a shell reports
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # 130 for SIGINT, 143 for SIGTERM, as a shell reports. At once: the interpreter's own teardown
+        # (torch, ONNX Runtime) takes a while after it has put the default handlers back, and a second
+        # Ctrl-C there would kill the process by the signal instead of exiting 130/143.
+        os._exit(128 + stopped_by)
