@@ -283,8 +283,8 @@ def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "sig, code, formats",
-    # --pt2 beside --onnx: an export long enough (seconds) that the signal lands while it runs.
-    [(signal.SIGINT, 130, ["--onnx", "--pt2"]), (signal.SIGTERM, 143, ["--onnx", "--pt2"]), (signal.SIGTERM, 143, ["--aoti"])],
+    # The signal is sent as soon as the staging folder exists, while the ONNX export runs.
+    [(signal.SIGINT, 130, ["--onnx"]), (signal.SIGTERM, 143, ["--onnx"]), (signal.SIGTERM, 143, ["--aoti"])],
 )
 def test_a_signal_during_export_exits_with_its_code_and_leaves_no_temp_files(
     tmp_path: Path, sig: signal.Signals, code: int, formats: list[str]
@@ -315,4 +315,6 @@ def test_a_signal_during_export_exits_with_its_code_and_leaves_no_temp_files(
     assert proc.returncode == code, err[-2000:]
     assert len(errors) == 1 and "Traceback" not in err, err[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "tmp"]  # no staging, no output folder
-    assert list(scratch.iterdir()) == []
+    # Only torch's own compile cache (``torchinductor_<user>``, which TMPDIR relocates and torch keeps
+    # between runs by design) may be there; no temp file or folder of the export's.
+    assert [p.name for p in scratch.iterdir() if not p.name.startswith("torchinductor_")] == []
