@@ -42,6 +42,15 @@ def missing_serve_packages() -> list[str]:
     return [names[0] for names in SERVE_MODULES if all(importlib.util.find_spec(n) is None for n in names)]
 
 
+def _exit_now(code: int) -> None:
+    """Exit at once, skipping the interpreter's teardown: that teardown (torch, ONNX Runtime) takes a
+    while after it has put the default signal handlers back, and a second Ctrl-C there would kill
+    the process by the signal instead of exiting 130/143."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 @click.command("serve")
 @click.option(
     "--model",
@@ -235,9 +244,4 @@ def serve(
     stopped_by = run_server(build_app(inpainter, settings), sock, settings, lambda line: click.echo(line, err=True))
     if stopped_by is not None:
         click.echo("stopped", err=True)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # 130 for SIGINT, 143 for SIGTERM, as a shell reports. At once: the interpreter's own teardown
-        # (torch, ONNX Runtime) takes a while after it has put the default handlers back, and a second
-        # Ctrl-C there would kill the process by the signal instead of exiting 130/143.
-        os._exit(128 + stopped_by)
+        _exit_now(128 + stopped_by)  # 130 for SIGINT, 143 for SIGTERM, as a shell reports
