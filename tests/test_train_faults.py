@@ -171,6 +171,32 @@ def subprocess_env() -> dict[str, str]:
     return env
 
 
+def test_a_second_sigint_after_the_report_still_exits_130(tmp_path):
+    """The first SIGINT's checkpoint is written and reported; more, sent while the process exits,
+    must not kill it by the signal (the interpreter's teardown puts the default handlers back
+    and takes seconds with torch loaded: before the fix this ended -2, not 130)."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "gantool", "train", "--out", str(out), *TINY_ARGS,
+                             "--steps-g", "400", "--steps-d", "0", "--steps-joint", "0", "--log-every", "1",
+                             "--sample-every", "100000"],
+                            env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_steps(proc, out / "metrics.jsonl", 2)
+    proc.send_signal(signal.SIGINT)
+    assert proc.stderr is not None
+    lines = []
+    for line in proc.stderr:  # the report's last line: the checkpoint is on disk, the process is exiting
+        lines.append(line)
+        if line.startswith("resume with:"):
+            break
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline:  # more SIGINTs until it has exited
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.005)
+    _, rest = proc.communicate(timeout=60)
+    assert proc.returncode == 130, "".join(lines) + rest
+    assert (out / "checkpoints" / "last.pt").is_file()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("gap", [0.0, 0.02, 0.15, 0.6])
 def test_sigint_twice_at_several_gaps_leaves_a_checkpoint_that_resumes_bitwise(tmp_path, gap):

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
+import signal
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 import click
 
@@ -98,5 +101,32 @@ def cli(verbose: bool) -> None:
             logging.getLogger(name).setLevel(logging.WARNING)
 
 
+# Exit codes a command ends with after a stop signal (as a shell reports them).
+SIGNAL_EXIT_CODES = frozenset(128 + sig for sig in (signal.SIGINT, signal.SIGTERM))
+
+# Set by main(): this process is the gantool program itself, not a command run in-process (CliRunner).
+_as_program = False
+
+
+def exit_stopped(code: int) -> NoReturn:
+    """End a command stopped by a signal with 130/143. As the program: at once, skipping the
+    interpreter's teardown, which takes seconds with torch loaded *after* it has put the default
+    signal handlers back, so a second Ctrl-C there would kill the process by the signal. Called
+    while the command's own handlers still hold, this leaves no such window. In-process: SystemExit."""
+    if _as_program:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 def main() -> None:
-    cli(prog_name="gantool")
+    """The console script (and ``python -m gantool``)."""
+    global _as_program
+    _as_program = True
+    try:
+        cli(prog_name="gantool")
+    except SystemExit as stop:
+        if stop.code in SIGNAL_EXIT_CODES:  # the commands that do not call exit_stopped themselves
+            exit_stopped(int(stop.code))
+        raise

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
-import os
-import sys
 
 import click
 
+from gantool.cli import exit_stopped
 from gantool.cli.options import (
     backend_option,
     batch_wait_option,
@@ -40,15 +39,6 @@ INSTALL_HINT = 'gantool serve needs FastAPI, uvicorn and python-multipart: pip i
 def missing_serve_packages() -> list[str]:
     """The serve extra's modules that cannot be imported."""
     return [names[0] for names in SERVE_MODULES if all(importlib.util.find_spec(n) is None for n in names)]
-
-
-def _exit_now(code: int) -> None:
-    """Exit at once, skipping the interpreter's teardown: that teardown (torch, ONNX Runtime) takes a
-    while after it has put the default signal handlers back, and a second Ctrl-C there would kill
-    the process by the signal instead of exiting 130/143."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 @click.command("serve")
@@ -244,4 +234,4 @@ def serve(
     stopped_by = run_server(build_app(inpainter, settings), sock, settings, lambda line: click.echo(line, err=True))
     if stopped_by is not None:
         click.echo("stopped", err=True)
-        _exit_now(128 + stopped_by)  # 130 for SIGINT, 143 for SIGTERM, as a shell reports
+        exit_stopped(128 + stopped_by)  # 130 for SIGINT, 143 for SIGTERM, as a shell reports

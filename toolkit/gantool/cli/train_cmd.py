@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from gantool.cli import exit_stopped
 from gantool.cli.options import explicit_options
 from gantool.core.config import TrainConfig
 from gantool.core.constants import MASK_KINDS
@@ -160,7 +161,8 @@ def train(
         except KeyboardInterrupt:  # a second signal before the run's own handling began
             click.echo("interrupted before training started; nothing was written", err=True)
             sys.exit(128 + (stop.signum or signal.SIGINT))
-    _report(result)
+        stop.settle()  # a signal while reporting (or exiting) is ignored: the checkpoint is on disk
+        _report(result)
 
 
 def _run(
@@ -223,7 +225,7 @@ def _report(result: Any) -> None:
             _say(f"interrupted at step {result.step} by {name}; checkpoint: {where}", err=True)
         if where is not None:
             _say(f"resume with: gantool train --resume {where}", err=True)
-        sys.exit(result.exit_code)
+        exit_stopped(result.exit_code)
     _say(f"done: step {result.step} ({result.phase} phase); run folder {result.run_dir}; checkpoint {where}")
 
 

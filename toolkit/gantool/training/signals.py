@@ -39,8 +39,16 @@ class StopFlag:
         self.signum: int | None = None
         self.aborted = False  # a second stop signal arrived: stop now, save nothing
         self.checkpoint_requested = False
+        self.settled = False  # the run is over: a stop signal now changes nothing
+
+    def settle(self) -> None:
+        """From here on a stop signal is only noted: the run has ended and what is left (its
+        report and exit) should not be cut short, nor the process killed by the signal."""
+        self.settled = True
 
     def stop(self, signum: int, frame: Any) -> None:
+        if self.settled:
+            return
         if self.requested:
             self.aborted = True
             raise AbortNow
