@@ -756,8 +756,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "survivor_speaks_under_the_launcher",
         "cli/train_cmd.py",
-        "            if os.environ.get(LAUNCHER_ENV):",
-        "            if False:",
+        "            if not os.environ.get(LAUNCHER_ENV):",
+        "            if True:",
         ("test_train_faults.py::test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_resumes_exactly",),
         why="two error lines for one dead rank (the survivor's, then the launcher's)",
     ),

@@ -462,3 +462,31 @@ def test_the_dead_rank_is_named_when_the_survivor_fails_in_the_same_second() -> 
     assert first_failure(failures)[0] == 0
     failures[0].timestamp, failures[1].timestamp = failures[0].timestamp + 2, failures[0].timestamp
     assert first_failure(failures)[0] == 1
+
+
+def test_the_dead_rank_line_names_the_last_checkpoint_and_finds_a_default_run_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the launcher reads after a failure: the checkpoint's own step (last.pt, loaded with
+    weights_only), and for a new runs/<timestamp> the folder whose status.json rank 0 wrote."""
+    import socket
+
+    from gantool.training.checkpoint import save_checkpoint
+    from gantool.training.launch import _run_of_pids, last_checkpoint_line
+
+    monkeypatch.chdir(tmp_path)
+    host = socket.gethostname()
+    for name, pid, on in (("20261201-100000", 111, host), ("20261201-100001", 222, host),
+                          ("20261201-100002", 222, "elsewhere"), ("broken", 222, host)):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "status.json").write_text(json.dumps({"pid": pid, "host": on}))
+    (tmp_path / "runs" / "broken" / "status.json").write_text("{not json")
+    run = _run_of_pids({222, 333})
+    assert run == (tmp_path / "runs" / "20261201-100001").resolve()
+    assert _run_of_pids({444}) is None
+    assert last_checkpoint_line(run, 2) == "No checkpoint was written."
+    assert last_checkpoint_line(None, 2) == "No checkpoint was written."
+    last = save_checkpoint(run / "checkpoints" / "last.pt", {"step": 12, "generator": {"w": torch.ones(2)}})
+    assert last_checkpoint_line(run, 4) == (
+        f"Last complete checkpoint: {last} (step 12); resume with: gantool train --resume {last} --nproc-per-node 4"
+    )

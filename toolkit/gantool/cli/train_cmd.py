@@ -54,12 +54,6 @@ def flag_option(name: str, help: str, show: str | bool = True) -> Callable[[Any]
     )
 
 
-class LostProcessExit(click.ClickException):
-    """A survivor's one line under plain torchrun, with ProcessLostError's own exit code."""
-
-    exit_code = ProcessLostError.exit_code
-
-
 class OneLineErrors(click.Command):
     """Bad option values are one line (no usage block), like every other error."""
 
@@ -171,9 +165,10 @@ def train(
             sys.exit(128 + (stop.signum or signal.SIGINT))
         except ProcessLostError as e:  # under DDP, another process died
             stop.settle()
-            if os.environ.get(LAUNCHER_ENV):  # --nproc-per-node's launcher names the dead process, once
-                exit_stopped(e.exit_code)
-            raise LostProcessExit(str(e)) from None
+            if not os.environ.get(LAUNCHER_ENV):  # --nproc-per-node's launcher names the dead process, once
+                click.ClickException(str(e)).show()
+            # At once: the launcher's SIGTERM would otherwise end a slow teardown by the signal.
+            exit_stopped(e.exit_code)
         stop.settle()  # a signal while reporting (or exiting) is ignored: the checkpoint is on disk
         _report(result)
 
