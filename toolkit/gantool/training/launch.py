@@ -154,7 +154,8 @@ def launch(nproc: int, argv: list[str], run_dir: Path | None = None) -> int:
         if failure.exitcode in (130, 143):  # a worker stopped by a signal sent to it alone
             return failure.exitcode
         if failure.exitcode == ProcessLostError.exit_code:
-            how = "lost contact with the others"
+            # No process ended first: one hung (gloo's timeout) or the network failed.
+            how = f"lost contact with the others before any had ended (its cause is in the run's {STATUS_FILE})"
         elif failure.exitcode < 0:
             how = f"ended with signal {failure.signal_name()}"
         else:
