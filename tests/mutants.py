@@ -728,6 +728,55 @@ MUTANTS: list[Mutant] = [
         'PRECISION_HINTS = {"fp32": "bf16", "bf16": "bf16", "int8": "f32"}',
         ("test_openvino.py::test_precisions_it_cannot_run_are_one_line_refusals",),
     ),
+    # ------------------------------------------- a dead rank under --nproc-per-node (#22, item 5)
+    Mutant(
+        "dead_rank_tie_names_the_survivor",
+        "training/launch.py",
+        "        return failures[rank].timestamp, failures[rank].exitcode in secondary, rank",
+        "        return failures[rank].timestamp, False, rank",
+        ("test_distributed.py::test_the_dead_rank_is_named_when_the_survivor_fails_in_the_same_second",),
+        why="torch's whole-second tie: rank 0, which only lost contact, named for a killed rank 1",
+    ),
+    Mutant(
+        "dead_peer_not_recognised",
+        "training/distributed.py",
+        "    return isinstance(error, RuntimeError) and any(mark in text for mark in _PEER_GONE)",
+        "    return False",
+        ("test_distributed.py::test_a_dead_peer_fails_the_collective_at_once_and_is_recognised",),
+        why="gloo's 'Connection closed by peer' (a plain RuntimeError): the survivor's traceback",
+    ),
+    Mutant(
+        "lost_peer_in_the_loop_taken_for_a_stop",
+        "training/loop.py",
+        "            if dist.enabled and is_collective_failure(e):\n                # Another process",
+        "            if False:\n                # Another process",
+        ("test_train_faults.py::test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_resumes_exactly",),
+        why="the launcher's SIGTERM plus the failed collective read as a signal stop: status.json 'stopped'",
+    ),
+    Mutant(
+        "survivor_speaks_under_the_launcher",
+        "cli/train_cmd.py",
+        "            if not os.environ.get(LAUNCHER_ENV):",
+        "            if True:",
+        ("test_train_faults.py::test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_resumes_exactly",),
+        why="two error lines for one dead rank (the survivor's, then the launcher's)",
+    ),
+    Mutant(
+        "agent_failure_log_shown",
+        "training/launch.py",
+        "        logger.setLevel(logging.CRITICAL)",
+        "        logger.setLevel(logging.ERROR)",
+        ("test_train_faults.py::test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_resumes_exactly",),
+        why="torch elastic's 'E... failed (exitcode: -9) local_rank: 1 ...' log line before ours",
+    ),
+    Mutant(
+        "dead_rank_report_without_the_checkpoint",
+        "training/launch.py",
+        "            + last_checkpoint_line(folder, nproc)",
+        "            + \"The run's last checkpoint is in its checkpoints/ folder (resume with --resume .../last.pt)\"",
+        ("test_train_faults.py::test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_resumes_exactly",),
+        why="the old line: no path, no step, no working resume command",
+    ),
     Mutant(
         "amp_auto_choice_not_recorded",
         "training/loop.py",
@@ -780,6 +829,11 @@ NOT_IN_CI = {
     "serve_origin_unchecked",
     "serve_departed_client_computed",
     "openvino_fp32_without_the_f32_hint",
+    "dead_peer_not_recognised",
+    "lost_peer_in_the_loop_taken_for_a_stop",
+    "survivor_speaks_under_the_launcher",
+    "agent_failure_log_shown",
+    "dead_rank_report_without_the_checkpoint",
 }
 assert NOT_IN_CI <= {m.name for m in MUTANTS}, sorted(NOT_IN_CI - {m.name for m in MUTANTS})
 MUTANTS = [replace(m, ci=False) if m.name in NOT_IN_CI else m for m in MUTANTS]

@@ -387,3 +387,106 @@ def test_step_batch_sampler_caches_its_permutation_without_changing_keys_and_spl
 def test_tiny_args_match_the_shared_tiny_model() -> None:
     args = dict(zip(TINY_ARGS[0::2], TINY_ARGS[1::2]))
     assert {k: int(args["--" + k.replace("_", "-")]) for k in TINY_MODEL} == TINY_MODEL
+
+
+# ------------------------------------------------------------------ a dead process
+
+
+PEER = """
+import sys, time
+import torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), 2, False)
+dist.init_process_group("gloo", store=store, rank=1, world_size=2)
+dist.barrier()
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not torch.distributed.is_gloo_available(), reason="needs torch's gloo backend")
+def test_a_dead_peer_fails_the_collective_at_once_and_is_recognised(subprocess_env: dict[str, str]) -> None:
+    """A real gloo group of this process and a peer process, which is then killed -9: the next
+    all-reduce fails (it does not wait for gloo's 30 min timeout), with what torch 2.13 raises, a plain
+    RuntimeError that :func:`is_collective_failure` must recognise; the survivor's report is one line."""
+    import datetime
+
+    import torch.distributed as torch_dist
+
+    from gantool.training.distributed import is_collective_failure, process_lost
+
+    store = torch_dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)
+    peer = subprocess.Popen([sys.executable, "-c", PEER, str(store.port)], env=subprocess_env)
+    try:
+        torch_dist.init_process_group("gloo", store=store, rank=0, world_size=2,
+                                      timeout=datetime.timedelta(seconds=TIMEOUT_S))
+        try:
+            torch_dist.barrier()  # both are in
+            peer.kill()
+            peer.wait(timeout=30)
+            started = time.monotonic()
+            with pytest.raises(RuntimeError) as failed:
+                torch_dist.all_reduce(torch.ones(3))
+            assert time.monotonic() - started < 30
+        finally:
+            torch_dist.destroy_process_group()
+    finally:
+        if peer.poll() is None:
+            peer.kill()
+        peer.wait()
+    assert is_collective_failure(failed.value), failed.value
+    line = str(process_lost(DistributedContext(rank=0, world_size=2), failed.value, "at step 3", "kept: x.pt"))
+    assert "\n" not in line and "gloo/transport" not in line and "GLHF" not in line, line
+    assert line.startswith("process 0 of 2 lost contact with another process at step 3 (") and "peer" in line, line
+    assert line.endswith("it stopped without saving; kept: x.pt"), line
+    # a failure of this process's own is not a lost peer: it keeps its traceback
+    assert not is_collective_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x2 and 3x2)"))
+    assert not is_collective_failure(ValueError("gloo"))
+
+
+def test_the_dead_rank_is_named_when_the_survivor_fails_in_the_same_second() -> None:
+    """torch's failure timestamps are whole seconds and ``get_first_failure`` breaks ties by the lower
+    rank: rank 0, which only lost contact (or got the agent's SIGTERM), was named for a killed rank 1."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from gantool.core.errors import ProcessLostError
+    from gantool.training.launch import first_failure
+
+    for survivor_code in (ProcessLostError.exit_code, -signal.SIGTERM, 143):
+        failures = {0: ProcessFailure(0, 100, survivor_code, "<N/A>"), 1: ProcessFailure(1, 101, -9, "<N/A>")}
+        failures[0].timestamp = failures[1].timestamp  # seen in the same second
+        assert ChildFailedError("gantool", failures).get_first_failure()[0] == 0  # torch's own choice
+        rank, failure = first_failure(failures)
+        assert (rank, failure.pid, failure.signal_name()) == (1, 101, "SIGKILL")
+    # a failure seen a second earlier is the first, whatever it was
+    failures = {0: ProcessFailure(0, 100, -9, "<N/A>"), 1: ProcessFailure(1, 101, 1, "<N/A>")}
+    failures[1].timestamp = failures[0].timestamp + 1
+    assert first_failure(failures)[0] == 0
+    failures[0].timestamp, failures[1].timestamp = failures[0].timestamp + 2, failures[0].timestamp
+    assert first_failure(failures)[0] == 1
+
+
+def test_the_dead_rank_line_names_the_last_checkpoint_and_finds_a_default_run_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the launcher reads after a failure: the checkpoint's own step (last.pt, loaded with
+    weights_only), and for a new runs/<timestamp> the folder whose status.json rank 0 wrote."""
+    import socket
+
+    from gantool.training.checkpoint import save_checkpoint
+    from gantool.training.launch import _run_of_pids, last_checkpoint_line
+
+    monkeypatch.chdir(tmp_path)
+    host = socket.gethostname()
+    for name, pid, on in (("20261201-100000", 111, host), ("20261201-100001", 222, host),
+                          ("20261201-100002", 222, "elsewhere"), ("broken", 222, host)):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "status.json").write_text(json.dumps({"pid": pid, "host": on}))
+    (tmp_path / "runs" / "broken" / "status.json").write_text("{not json")
+    run = _run_of_pids({222, 333})
+    assert run == (tmp_path / "runs" / "20261201-100001").resolve()
+    assert _run_of_pids({444}) is None
+    assert last_checkpoint_line(run, 2) == "No checkpoint was written."
+    assert last_checkpoint_line(None, 2) == "No checkpoint was written."
+    last = save_checkpoint(run / "checkpoints" / "last.pt", {"step": 12, "generator": {"w": torch.ones(2)}})
+    assert last_checkpoint_line(run, 4) == (
+        f"Last complete checkpoint: {last} (step 12); resume with: gantool train --resume {last} --nproc-per-node 4"
+    )

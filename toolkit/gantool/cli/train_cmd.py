@@ -18,6 +18,8 @@ from gantool.cli import exit_stopped
 from gantool.cli.options import explicit_options
 from gantool.core.config import TrainConfig
 from gantool.core.constants import MASK_KINDS
+from gantool.core.errors import ProcessLostError
+from gantool.training.launch import LAUNCHER_ENV
 
 HELP_EPILOG = """\b
 Examples:
@@ -161,6 +163,12 @@ def train(
         except KeyboardInterrupt:  # a second signal before the run's own handling began
             click.echo("interrupted before training started; nothing was written", err=True)
             sys.exit(128 + (stop.signum or signal.SIGINT))
+        except ProcessLostError as e:  # under DDP, another process died
+            stop.settle()
+            if not os.environ.get(LAUNCHER_ENV):  # --nproc-per-node's launcher names the dead process, once
+                click.ClickException(str(e)).show()
+            # At once: the launcher's SIGTERM would otherwise end a slow teardown by the signal.
+            exit_stopped(e.exit_code)
         stop.settle()  # a signal while reporting (or exiting) is ignored: the checkpoint is on disk
         _report(result)
 
@@ -190,8 +198,8 @@ def _launch(
 
     chosen = read_toml(config_file) if config_file else {}
     chosen.update(explicit_options(click.get_current_context(), options))
-    check_launch(chosen, resume, nproc, allow_data_change)
-    sys.exit(launch(nproc, _argv_without_nproc()))
+    run_dir = check_launch(chosen, resume, nproc, allow_data_change)
+    sys.exit(launch(nproc, _argv_without_nproc(), run_dir))
 
 
 def _argv_without_nproc() -> list[str]:

@@ -37,6 +37,16 @@ class TrainingError(GantoolError):
     """Training cannot continue (for example a non-finite loss)."""
 
 
+class ProcessLostError(TrainingError):
+    """Under DDP, a collective failed because another process is gone (killed, crashed).
+
+    Its own exit code tells ``gantool train --nproc-per-node``'s launcher that this
+    process was a survivor, not the one that failed.
+    """
+
+    exit_code = 75  # EX_TEMPFAIL: nothing is wrong here; resume from the last checkpoint
+
+
 def first_line(error: BaseException, limit: int = 400) -> str:
     """The first non-empty line of ``error``'s message, for one-line reports.
 

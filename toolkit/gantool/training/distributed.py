@@ -34,7 +34,7 @@ import torch
 import torch.distributed as torch_dist
 from torch import Tensor, nn
 
-from gantool.core.errors import InputError
+from gantool.core.errors import InputError, ProcessLostError
 
 T = TypeVar("T")
 
@@ -159,3 +159,29 @@ def seed_rank(seed: int, rank: int, step: int = 0) -> None:
 def sync_batchnorm_supported(device: torch.device) -> bool:
     """Whether torch.nn.SyncBatchNorm runs on ``device`` (not on the CPU, as of torch 2.13)."""
     return device.type in SYNC_BATCHNORM_DEVICE_TYPES or device.type == torch._C._get_privateuse1_backend_name()
+
+
+# What gloo and NCCL say when a peer is gone; torch raises some of these as plain RuntimeError
+# (gloo's "Connection closed by peer" in torch 2.13), others as torch.distributed.DistError.
+_PEER_GONE = ("gloo", "nccl", "connection closed by peer", "connection reset by peer", "broken pipe")
+
+
+def is_collective_failure(error: BaseException) -> bool:
+    """Whether ``error`` is a collective (or DDP's all-reduce) failing, not a bug of this process."""
+    if isinstance(error, torch_dist.DistError):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and any(mark in text for mark in _PEER_GONE)
+
+
+def process_lost(dist: DistributedContext, error: BaseException, where: str, kept: str = "") -> ProcessLostError:
+    """The one line a surviving process reports, with the backend's cause (its source location cut)
+    and ``kept``, what is left on disk."""
+    cause = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+    if cause.startswith("[") and "] " in cause:  # "[/.../gloo/transport/tcp/pair.cc:553] Connection closed ..."
+        cause = cause.split("] ", 1)[1]
+    cause = cause.split(". ", 1)[0].rstrip(".")
+    return ProcessLostError(
+        f"process {dist.rank} of {dist.world_size} lost contact with another process {where} ({cause}); "
+        f"it stopped without saving{'; ' + kept if kept else ''}"
+    )

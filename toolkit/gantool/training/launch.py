@@ -13,8 +13,13 @@ What this adds around it:
   the next step boundary with a checkpoint) and raises ``SignalException``
   here; that becomes exit 130 / 143, no traceback. SIGUSR1, which the agent
   does not handle, is forwarded to every worker here (checkpoint, continue);
-- a worker that dies (kill -9, a crash) is one line naming its rank and how it
-  ended; the other workers are stopped by the agent.
+- a worker that dies (kill -9, a crash) is one line naming its rank, how it
+  ended and the run's last complete checkpoint. The agent polls its workers
+  every ``monitor_interval`` s and stops the others (SIGTERM, then SIGKILL after
+  30 s); a survivor blocked in a collective fails at once anyway (the dead
+  process's sockets close) and exits quietly with
+  :attr:`~gantool.core.errors.ProcessLostError.exit_code`, leaving the report
+  to the launcher (:data:`LAUNCHER_ENV` tells it so).
 """
 
 from __future__ import annotations
@@ -28,15 +33,23 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from gantool.core.errors import InputError, TrainingError
+from gantool.core.constants import CHECKPOINTS_DIR, LAST_CHECKPOINT, STATUS_FILE
+from gantool.core.errors import InputError, ProcessLostError, TrainingError
 
 log = logging.getLogger(__name__)
 
 MAX_PROCESSES = 256
+# Set in the workers' environment: the launcher reports a dead process, so a survivor says nothing.
+LAUNCHER_ENV = "GANTOOL_NPROC_LAUNCHER"
+# How often the agent checks its workers (s): a dead one is noticed within this.
+MONITOR_INTERVAL_S = 0.2
 
 
-def check_launch(options: Mapping[str, Any], resume: str | None, nproc: int, allow_data_change: bool) -> None:
-    """Everything a worker would refuse, checked once here (writes nothing, starts nothing)."""
+def check_launch(options: Mapping[str, Any], resume: str | None, nproc: int, allow_data_change: bool) -> Path | None:
+    """Everything a worker would refuse, checked once here (writes nothing, starts nothing).
+
+    Returns the run folder the workers will use, or None for a new ``runs/<timestamp>``
+    (rank 0 names it)."""
     from gantool.training.build import resolve_device
     from gantool.training.data import check_data_unchanged, data_fingerprint, open_source
     from gantool.training.distributed import sync_batchnorm_supported
@@ -46,7 +59,7 @@ def check_launch(options: Mapping[str, Any], resume: str | None, nproc: int, all
         raise InputError(f"--nproc-per-node must be in 1..{MAX_PROCESSES}, got {nproc}")
     if "WORLD_SIZE" in os.environ:
         raise InputError("--nproc-per-node under torchrun: use one launcher (drop --nproc-per-node, or torchrun)")
-    cfg, state, _ = prepare_run(options, resume)
+    cfg, state, plan = prepare_run(options, resume)
     if cfg.batch_size % nproc:
         raise InputError(f"--batch-size {cfg.batch_size} must be divisible by the {nproc} processes")
     device = resolve_device(cfg.device)
@@ -62,6 +75,7 @@ def check_launch(options: Mapping[str, Any], resume: str | None, nproc: int, all
     source = open_source(cfg.data, cfg.seed)
     if state is not None:
         check_data_unchanged(state.get("data"), data_fingerprint(source, cfg.data), allow_data_change)
+    return plan.folder.resolve() if plan.folder is not None else None
 
 
 def _children() -> list[int]:
@@ -98,10 +112,11 @@ def _forward_sigusr1() -> Iterator[None]:
         signal.signal(sig, previous)
 
 
-def launch(nproc: int, argv: list[str]) -> int:
+def launch(nproc: int, argv: list[str], run_dir: Path | None = None) -> int:
     """Run ``gantool train ARGV`` in ``nproc`` processes; returns the exit code (0, 130, 143).
 
-    A worker that fails is a one-line TrainingError naming its rank.
+    A worker that fails is a one-line TrainingError naming its rank and the last
+    complete checkpoint of ``run_dir`` (None: the ``runs/<timestamp>`` rank 0 made).
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -115,11 +130,11 @@ def launch(nproc: int, argv: list[str]) -> int:
         rdzv_backend="c10d",
         rdzv_endpoint="127.0.0.1:0",
         max_restarts=0,
-        monitor_interval=0.2,
+        monitor_interval=MONITOR_INTERVAL_S,
     )
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: N processes share the cores
-    # The agent's notices ("Received 15 death signal, shutting down workers", one per
-    # worker): what matters is said once below, or by rank 0.
+    # The agent's notices ("Received 15 death signal, shutting down workers", one per worker;
+    # "failed (exitcode: -9) local_rank: 1 ..."): what matters is said once below, or by rank 0.
     noisy = [
         logging.getLogger(name)
         for name in list(logging.root.manager.loggerDict)
@@ -127,22 +142,83 @@ def launch(nproc: int, argv: list[str]) -> int:
     ]
     levels = [logger.level for logger in noisy]
     for logger in noisy:
-        logger.setLevel(logging.ERROR)
+        logger.setLevel(logging.CRITICAL)
+    os.environ[LAUNCHER_ENV] = "1"
     try:
         with _forward_sigusr1():
             elastic_launch(config, sys.executable)("-m", "gantool", "train", *argv)
     except SignalException as e:
         return 128 + int(e.sigval)
     except ChildFailedError as e:
-        rank, failure = e.get_first_failure()
-        how = f"signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
+        rank, failure = first_failure(e.failures)
         if failure.exitcode in (130, 143):  # a worker stopped by a signal sent to it alone
             return failure.exitcode
+        if failure.exitcode == ProcessLostError.exit_code:
+            # No process ended first: one hung (gloo's timeout) or the network failed.
+            how = f"lost contact with the others before any had ended (its cause is in the run's {STATUS_FILE})"
+        elif failure.exitcode < 0:
+            how = f"ended with signal {failure.signal_name()}"
+        else:
+            how = f"ended with exit code {failure.exitcode}"
+        folder = run_dir or _run_of_pids({f.pid for f in e.failures.values()})
         raise TrainingError(
-            f"process {rank} of {nproc} ended with {how} (pid {failure.pid}); the others were stopped. "
-            "The run's last checkpoint is in its checkpoints/ folder (resume with --resume .../last.pt)"
+            f"process {rank} of {nproc} {how} (pid {failure.pid}); the others were stopped. "
+            + last_checkpoint_line(folder, nproc)
         ) from None
     finally:
+        os.environ.pop(LAUNCHER_ENV, None)
         for logger, level in zip(noisy, levels):
             logger.setLevel(level)
     return 0
+
+
+def first_failure(failures: Mapping[int, Any]) -> tuple[int, Any]:
+    """The rank that failed first, and its ``ProcessFailure``.
+
+    torch's ``ChildFailedError.get_first_failure`` orders by the failures' timestamps,
+    which are whole seconds: a survivor the agent stopped (or that saw the dead one's
+    sockets close) within the same second wins that tie when its rank is lower. So
+    among the earliest, a process that ended by itself comes before one that ended
+    because the other did (lost contact, or the agent's SIGTERM).
+    """
+    secondary = {ProcessLostError.exit_code, 128 + signal.SIGTERM, -signal.SIGTERM}
+
+    def order(rank: int) -> tuple[int, bool, int]:
+        return failures[rank].timestamp, failures[rank].exitcode in secondary, rank
+
+    rank = min(failures, key=order)
+    return rank, failures[rank]
+
+
+def last_checkpoint_line(run_dir: Path | None, nproc: int) -> str:
+    """ "last complete checkpoint: PATH (step N); resume with: ...", or that there is none."""
+    path = run_dir / CHECKPOINTS_DIR / LAST_CHECKPOINT if run_dir is not None else None
+    if path is None or not path.is_file():
+        return "No checkpoint was written."
+    import torch
+
+    try:  # the step from the file itself (mmap: the tensors are not read)
+        step = int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["step"])
+    except Exception:  # torch.load raises many types; the path is still the one to resume from
+        at = ""
+    else:
+        at = f" (step {step})"
+    return f"Last complete checkpoint: {path}{at}; resume with: gantool train --resume {path} --nproc-per-node {nproc}"
+
+
+def _run_of_pids(pids: set[int]) -> Path | None:
+    """The new ``runs/<timestamp>`` folder whose status.json one of ``pids`` (rank 0) wrote."""
+    import json
+    import socket
+
+    from gantool.training.runfolder import RUNS_ROOT
+
+    host, found = socket.gethostname(), []
+    for status in RUNS_ROOT.glob(f"*/{STATUS_FILE}"):
+        try:
+            record = json.loads(status.read_text(encoding="utf-8"))
+            if record.get("pid") in pids and record.get("host") == host:
+                found.append((status.stat().st_mtime, status.parent))
+        except (OSError, ValueError, AttributeError):
+            continue
+    return max(found)[1].resolve() if found else None

@@ -59,7 +59,13 @@ from gantool.training.data import (
     open_source,
     validation_batch,
 )
-from gantool.training.distributed import DistributedContext, seed_rank, setup_distributed
+from gantool.training.distributed import (
+    DistributedContext,
+    is_collective_failure,
+    process_lost,
+    seed_rank,
+    setup_distributed,
+)
 from gantool.training.init_from import adopt_init_model, run_model
 from gantool.training.runfolder import (
     RunPlan,
@@ -247,6 +253,10 @@ def _run(
         if cause is None:
             raise
         raise type(e)(cause) from None
+    except RuntimeError as e:  # a collective outside the step loop (set-up, the final barrier)
+        if dist.enabled and is_collective_failure(e):
+            raise process_lost(dist, e, "outside a step") from None
+        raise
     except OSError as e:  # a write no helper wrapped (a full disk under TensorBoard's writer, ...): one line
         raise InputError(f"cannot write {e.filename or result.run_dir}: {e.strerror or e}") from None
     finally:
@@ -455,6 +465,13 @@ def _train(
                     result.interrupted = True
                     break
         except (RuntimeError, KeyboardInterrupt) as e:
+            if dist.enabled and is_collective_failure(e):
+                # Another process is gone: what is in memory may be part of a step, so nothing is
+                # saved (even if a stop signal, such as the launcher's, came too).
+                at = f"the last complete checkpoint is {last_good} (step {result.checkpoint_step})"
+                raise process_lost(
+                    dist, e, f"at step {step + 1}", at if last_good else "no checkpoint was written"
+                ) from None
             if not stop.requested and not isinstance(e, KeyboardInterrupt):
                 raise  # a real failure (DataLoader workers also die on Ctrl-C: that case is an interrupt)
             result.interrupted = True

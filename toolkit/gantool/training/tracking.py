@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from gantool.core.config import TrainConfig, toml_text
 from gantool.core.constants import STATUS_FILE, TENSORBOARD_DIR
-from gantool.core.errors import InputError, TrainingError, first_line
+from gantool.core.errors import InputError, ProcessLostError, TrainingError, first_line
 from gantool.core.fileio import atomic_write_text
 
 if TYPE_CHECKING:
@@ -197,7 +197,8 @@ class RunTracker:
                     message = "a second signal stopped it at once, without writing a checkpoint"
                     self._status(STOPPED, BY_SIGNAL, message)
                 else:
-                    reason = NON_FINITE if isinstance(exc, TrainingError) else ERROR
+                    non_finite = isinstance(exc, TrainingError) and not isinstance(exc, ProcessLostError)
+                    reason = NON_FINITE if non_finite else ERROR
                     self._status(FAILED, reason, first_line(exc))
         except (InputError, OSError) as e:
             if exc is None:
