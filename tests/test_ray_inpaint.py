@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -510,6 +511,33 @@ def test_a_port_that_answers_but_is_not_ray_fails_in_one_line(
     assert not (tmp_path / "x.inpainted.png").exists()
 
 
+def _cluster_auth_env(subprocess_env: dict[str, str]) -> dict[str, str]:
+    """A fresh driver's environment with the session cluster's auth mode, as its user must set it:
+    a Ray 2.5x local cluster turns token auth on (RAY_AUTH_MODE=token, in this process only)."""
+    mode = os.environ.get("RAY_AUTH_MODE")
+    return {**subprocess_env, **({"RAY_AUTH_MODE": mode} if mode else {})}
+
+
+def test_a_missing_or_wrong_ray_token_is_one_line_not_a_20_s_wait(
+    ray_cluster: Any, subprocess_env: dict[str, str]
+) -> None:
+    # Found with the fix: a driver without RAY_AUTH_MODE=token (or with a wrong token) was retried
+    # by ray.init for ~20 s, whatever --ray-timeout said, and ended in "Failed to connect".
+    if os.environ.get("RAY_AUTH_MODE") != "token":
+        pytest.skip("the session's cluster runs without token authentication")
+    gcs = ray.get_runtime_context().gcs_address
+    probe = "import sys; from gantool.inference.ray_connect import check_reachable; check_reachable(sys.argv[1], 20)"
+    without = {k: v for k, v in subprocess_env.items() if k != "RAY_AUTH_MODE"}
+    wrong = {**_cluster_auth_env(subprocess_env), "RAY_AUTH_TOKEN": "0" * 32}
+    for env, said in [(without, "this process sends no token; set RAY_AUTH_MODE=token"),
+                      (wrong, "refuses this process's token (from RAY_AUTH_TOKEN")]:  # fmt: skip
+        proc = subprocess.run([sys.executable, "-c", probe, gcs], env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 1 and "InputError: cannot connect to the Ray cluster at " + gcs in proc.stderr
+        assert "it requires token authentication and " + said in proc.stderr, proc.stderr
+    proc = subprocess.run([sys.executable, "-c", probe, gcs], env=_cluster_auth_env(subprocess_env), timeout=120)
+    assert proc.returncode == 0  # the right token passes
+
+
 @pytest.mark.slow  # a fresh driver joins the session's cluster and starts an actor
 def test_a_fresh_process_joins_a_real_cluster_by_its_address(
     ray_cluster: Any, exported_model: ExportedModel, tmp_path: Path, subprocess_env: dict[str, str]
@@ -519,7 +547,8 @@ def test_a_fresh_process_joins_a_real_cluster_by_its_address(
     gcs = ray.get_runtime_context().gcs_address
     code, stderr, _ = _cli_in_a_fresh_process(
         ["inpaint", str(image), "--ray", "--ray-address", gcs, "--ray-timeout", "60", "-o", str(out),
-         "--model", str(exported_model.folder), "--provider", "cpu", "--actors", "1"], subprocess_env, timeout=600,
+         "--model", str(exported_model.folder), "--provider", "cpu", "--actors", "1"],
+        _cluster_auth_env(subprocess_env), timeout=600,
     )  # fmt: skip
     assert code == 0, "\n".join(stderr)
     assert (out / "x.inpainted.png").is_file() and (out / RAY_MANIFEST_NAME).is_file()

@@ -80,7 +80,8 @@ def _split_address(address: str) -> tuple[str, int] | None:
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 HTTP2_EMPTY_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 # A side-effect-free call every Ray GCS serves (ray.init's own first call): a foreign gRPC
-# server answers UNIMPLEMENTED, where ray.init would retry it for about 20 s.
+# server answers UNIMPLEMENTED, and a GCS a missing or wrong token UNAUTHENTICATED, where
+# ray.init would retry either for about 20 s and end in "Failed to connect".
 GCS_PROBE_METHOD = "/ray.rpc.NodeInfoGcsService/GetClusterId"
 
 
@@ -115,24 +116,58 @@ def http2_greeting(sock: socket.socket, deadline: float) -> str | None:
     return f"it answered {_shown(header)}"
 
 
-def gcs_answer(host: str, port: int, timeout: float) -> str | None:
-    """None when the gRPC server at host:port serves Ray's GCS (any answer but "no such method"
-    or silence: token auth refuses the call, yet it is Ray); else what it did, in words."""
+WHICH_PORT = "is it the head node's GCS port (6379 by default), or ray://HOST:10001 for Ray Client?"
+TOKEN_SOURCES = "RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token"
+
+
+def _ray_auth_metadata() -> tuple[tuple[str, str], ...]:
+    """The token header ray.init would send from this process (none unless RAY_AUTH_MODE=token)."""
+    try:  # Ray's own loader, so the probe sends exactly what Ray will; a Ray without it sends none
+        from ray._private.authentication.grpc_authentication_client_interceptor import (
+            _get_authentication_metadata_tuple,
+        )
+
+        return tuple(_get_authentication_metadata_tuple())
+    except Exception:
+        return ()
+
+
+def check_gcs(address: str, host: str, port: int, deadline: float, timeout: float) -> None:
+    """Ray's first call (the cluster id) to the gRPC server at host:port before ``deadline``, as
+    ray.init makes it; one InputError where ray.init would retry for 20 s or more: no such
+    service (a foreign gRPC server), silence, or a token it lacks or refuses."""
     try:
         import grpc  # comes with Ray
     except ImportError:
-        return None
+        return
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    token = _ray_auth_metadata()
     with grpc.insecure_channel(target, options=[("grpc.enable_http_proxy", 0)]) as channel:
         call = channel.unary_unary(GCS_PROBE_METHOD)  # no (de)serializers: bytes; b"" is an empty request
         try:
-            call(b"", timeout=max(timeout, 0.05))
+            call(b"", timeout=max(deadline - time.monotonic(), 0.05), metadata=token)
+            return
         except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
-                return "it answered UNIMPLEMENTED to Ray's first call (a foreign gRPC service, or a much older Ray)"
-            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                return "it did not answer Ray's first call"
-    return None
+            code = e.code()
+    if code == grpc.StatusCode.UNAUTHENTICATED:  # it is Ray, with token authentication
+        raise InputError(
+            f"cannot connect to the Ray cluster at {address}: it requires token authentication and "
+            + (
+                f"refuses this process's token (from {TOKEN_SOURCES}); give it the cluster's token"
+                if token
+                else f"this process sends no token; set RAY_AUTH_MODE=token and the cluster's token in {TOKEN_SOURCES}"
+            )
+        )
+    what = {
+        grpc.StatusCode.UNIMPLEMENTED: "answered UNIMPLEMENTED to Ray's first call (a foreign gRPC service, "
+        "or a much older Ray)",
+        grpc.StatusCode.DEADLINE_EXCEEDED: "did not answer Ray's first call",
+    }.get(code)
+    if what is not None:  # anything else (e.g. a GCS going down) is left to ray.init to report
+        raise InputError(
+            f"cannot reach the Ray cluster at {address}: the port speaks HTTP/2 but is not a Ray GCS: "
+            f"within {timeout:g} s it {what}; {WHICH_PORT}"
+        )
 
 
 def check_reachable(address: str, timeout: float) -> float:
@@ -167,16 +202,14 @@ def check_reachable(address: str, timeout: float) -> float:
     found = outcome[0] if outcome else None
     if not outcome and connected.is_set():
         found = "it stayed silent"  # the probe thread is still waiting for its SETTINGS frame
-    kind = "answers but does not speak gRPC, so it"
-    if found is None and outcome and not tls and not client:
-        found, kind = gcs_answer(*target, deadline - time.monotonic()), "speaks HTTP/2 but"
     if isinstance(found, str):
         raise InputError(
-            f"cannot reach the Ray cluster at {address}: the port {kind} is not a Ray "
-            f"{'Client server' if client else 'GCS'}: within {timeout:g} s {found}; is it the head node's "
-            "GCS port (6379 by default), or ray://HOST:10001 for Ray Client?"
+            f"cannot reach the Ray cluster at {address}: the port answers but does not speak gRPC, so it is "
+            f"not a Ray {'Client server' if client else 'GCS'}: within {timeout:g} s {found}; {WHICH_PORT}"
         )
-    if outcome and found is None:
+    if outcome and found is None:  # a gRPC server (or, with TLS, a TCP port): Ray's first call next
+        if not tls and not client:
+            check_gcs(address, *target, deadline, timeout)
         return max(deadline - time.monotonic(), 0.0)
     cause: str = f"no answer within {timeout:g} s"
     if isinstance(found, OSError) and not isinstance(found, TimeoutError):
