@@ -120,16 +120,17 @@ WHICH_PORT = "is it the head node's GCS port (6379 by default), or ray://HOST:10
 TOKEN_SOURCES = "RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token"
 
 
-def _ray_auth_metadata() -> tuple[tuple[str, str], ...]:
-    """The token header ray.init would send from this process (none unless RAY_AUTH_MODE=token)."""
-    try:  # Ray's own loader, so the probe sends exactly what Ray will; a Ray without it sends none
+def _ray_auth_metadata() -> tuple[tuple[str, str], ...] | None:
+    """The token header ray.init would send from this process (none unless RAY_AUTH_MODE=token),
+    or None where this Ray does not tell (then a refused token is left to ray.init to report)."""
+    try:  # Ray's own loader (private, hence the guard), so the probe sends exactly what Ray will
         from ray._private.authentication.grpc_authentication_client_interceptor import (
             _get_authentication_metadata_tuple,
         )
 
         return tuple(_get_authentication_metadata_tuple())
     except Exception:
-        return ()
+        return None
 
 
 def check_gcs(address: str, host: str, port: int, deadline: float, timeout: float) -> None:
@@ -145,11 +146,13 @@ def check_gcs(address: str, host: str, port: int, deadline: float, timeout: floa
     with grpc.insecure_channel(target, options=[("grpc.enable_http_proxy", 0)]) as channel:
         call = channel.unary_unary(GCS_PROBE_METHOD)  # no (de)serializers: bytes; b"" is an empty request
         try:
-            call(b"", timeout=max(deadline - time.monotonic(), 0.05), metadata=token)
+            call(b"", timeout=max(deadline - time.monotonic(), 0.05), metadata=token or ())
             return
         except grpc.RpcError as e:
             code = e.code()
     if code == grpc.StatusCode.UNAUTHENTICATED:  # it is Ray, with token authentication
+        if token is None:
+            return  # which token Ray sends is unknown here: no verdict
         raise InputError(
             f"cannot connect to the Ray cluster at {address}: it requires token authentication and "
             + (
@@ -176,8 +179,9 @@ def check_reachable(address: str, timeout: float) -> float:
 
     Ray itself retries an unreachable address for minutes, and waits 20 s to minutes on a port that
     answers but is not Ray: an unresolvable host, a closed port, an unroutable address, a server
-    that stays silent, hangs up or speaks another protocol, and a foreign gRPC server are all caught
-    here in at most ``timeout``. (With ``RAY_USE_TLS`` only the TCP connection is checked.)"""
+    that stays silent, hangs up or speaks another protocol, a foreign gRPC server and a missing or
+    refused Ray token are all caught here in at most ``timeout``. (With ``RAY_USE_TLS`` only the TCP
+    connection is checked; a ``ray://`` address up to the HTTP/2 greeting.)"""
     target = _split_address(address)
     if target is None:
         return timeout
