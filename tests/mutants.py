@@ -602,11 +602,34 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "ray_address_not_probed",
         "inference/ray.py",
-        "        check_reachable(address, timeout)\n",
+        "        timeout = check_reachable(address, timeout)  # what is left of it bounds ray.init\n",
         "        pass\n",
         (f"{RAYS}::test_an_unreachable_ray_address_fails_within_the_timeout_in_one_line",),
         ci=False,
         why="Ray retries a closed port for minutes",
+    ),
+    Mutant(
+        "ray_answering_port_not_probed",
+        "inference/ray_connect.py",
+        '    tls = os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true")  # as Ray reads it',
+        "    tls = True",
+        (
+            f"{RAYS}::test_a_port_that_answers_but_is_not_ray_is_refused_within_the_timeout[silent]",
+            f"{RAYS}::test_a_port_that_answers_but_is_not_ray_is_refused_within_the_timeout[http/1.1]",
+            f"{RAYS}::test_cli_a_port_that_answers_but_is_not_ray_fails_in_one_line",
+        ),
+        why="only TCP checked: Ray's handshake with a silent port took 40 s to over 300 s",
+    ),
+    Mutant(
+        "ray_gcs_call_not_made",
+        "inference/ray_connect.py",
+        "            check_gcs(address, *target, deadline, timeout)",
+        "            pass",
+        (
+            f"{RAYS}::test_a_port_that_answers_but_is_not_ray_is_refused_within_the_timeout[grpc]",
+            f"{RAYS}::test_a_missing_or_wrong_ray_token_is_one_line_not_a_20_s_wait",
+        ),
+        why="a foreign gRPC server or a missing token: ray.init retries for 20 s",
     ),
     Mutant(
         "ray_output_folder_not_locked",

@@ -395,7 +395,7 @@ def ray_inpaint(
     check_manifest_target(manifest_path)
     ray = import_ray()
     if address:  # also when this process's Ray is up: a wrong address is a mistake either way
-        check_reachable(address, timeout)
+        timeout = check_reachable(address, timeout)  # what is left of it bounds ray.init
     lock = FolderLock([manifest_path.parent, default_manifest(jobs, output).parent])
     try:
         return _run(ray, jobs, masks, model_path, manifest_path, address, timeout, actors, gpus_per_actor,

@@ -1,9 +1,11 @@
 """Joining a Ray cluster for ``gantool inpaint --ray`` without hanging, and the run's guards.
 
-Ray retries an unreachable address for minutes, and a ``ray://`` or non-Ray port
-ends in a long traceback: :func:`connect` probes the address with a TCP connection
-first and bounds ``ray.init`` by the same timeout, so every failure is one line
-naming the address. :class:`FolderLock` keeps two runs out of one output folder;
+Ray retries an unreachable address for minutes, waits 20 s to minutes on a port
+that answers but is not Ray, and a ``ray://`` address ends in a long traceback:
+:func:`check_reachable` probes the address first (a TCP connection, HTTP/2's
+greeting, which every gRPC server answers, and the GCS's first call) and
+:func:`connect` bounds ``ray.init`` by what is left of the same timeout, so every
+failure is one line naming the address. :class:`FolderLock` keeps two runs out of one output folder;
 :func:`sigterm_as_interrupt` lets SIGTERM end a run as Ctrl-C does, so the manifest
 is completed.
 """
@@ -73,36 +75,149 @@ def _split_address(address: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
-def check_reachable(address: str, timeout: float) -> None:
-    """A TCP connection to the Ray address within ``timeout`` seconds, or one InputError naming it.
+# What every gRPC server (a Ray GCS, a Ray Client server) answers at once: HTTP/2's connection
+# preface, then an empty SETTINGS frame (9-byte header: length 0, type 0x4, no flags, stream 0).
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+HTTP2_EMPTY_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+# A side-effect-free call every Ray GCS serves (ray.init's own first call): a foreign gRPC
+# server answers UNIMPLEMENTED, and a GCS a missing or wrong token UNAUTHENTICATED, where
+# ray.init would retry either for about 20 s and end in "Failed to connect".
+GCS_PROBE_METHOD = "/ray.rpc.NodeInfoGcsService/GetClusterId"
 
-    Ray itself retries an unreachable address for minutes; an unresolvable host, a
-    closed port and an unroutable address are all caught here in at most ``timeout``."""
+
+def _shown(data: bytes) -> str:
+    """The first line of what a foreign server sent, printable and short."""
+    text = data.decode("ascii", "backslashreplace")
+    return repr((text.splitlines() or [""])[0][:60])
+
+
+def http2_greeting(sock: socket.socket, deadline: float) -> str | None:
+    """None when the peer on ``sock`` answers HTTP/2's connection preface with a SETTINGS frame
+    before ``deadline`` (``time.monotonic()``), as a gRPC server does; else what it did, in words."""
+    header = b""
+    try:
+        sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+        sock.sendall(HTTP2_PREFACE + HTTP2_EMPTY_SETTINGS)
+        while len(header) < 9:
+            sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+            chunk = sock.recv(9 - len(header))
+            if not chunk:
+                return "it hung up " + (f"after sending {_shown(header)}" if header else "without an answer")
+            header += chunk
+    except TimeoutError:
+        return "it stayed silent" + (f" after sending {_shown(header)}" if header else "")
+    except OSError as e:  # a reset: it hung up with the preface unread
+        return f"it hung up without an answer ({e.strerror or type(e).__name__})"
+    if header[3] == 0x4 and int.from_bytes(header[5:9], "big") & 0x7FFFFFFF == 0:
+        return None
+    with contextlib.suppress(OSError):  # the rest of its first line, for the message
+        sock.settimeout(max(min(0.2, deadline - time.monotonic()), 1e-3))
+        header += sock.recv(120)
+    return f"it answered {_shown(header)}"
+
+
+WHICH_PORT = "is it the head node's GCS port (6379 by default), or ray://HOST:10001 for Ray Client?"
+TOKEN_SOURCES = "RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token"
+
+
+def _ray_auth_metadata() -> tuple[tuple[str, str], ...] | None:
+    """The token header ray.init would send from this process (none unless RAY_AUTH_MODE=token),
+    or None where this Ray does not tell (then a refused token is left to ray.init to report)."""
+    try:  # Ray's own loader (private, hence the guard), so the probe sends exactly what Ray will
+        from ray._private.authentication.grpc_authentication_client_interceptor import (
+            _get_authentication_metadata_tuple,
+        )
+
+        return tuple(_get_authentication_metadata_tuple())
+    except Exception:
+        return None
+
+
+def check_gcs(address: str, host: str, port: int, deadline: float, timeout: float) -> None:
+    """Ray's first call (the cluster id) to the gRPC server at host:port before ``deadline``, as
+    ray.init makes it; one InputError where ray.init would retry for 20 s or more: no such
+    service (a foreign gRPC server), silence, or a token it lacks or refuses."""
+    try:
+        import grpc  # comes with Ray
+    except ImportError:
+        return
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    token = _ray_auth_metadata()
+    with grpc.insecure_channel(target, options=[("grpc.enable_http_proxy", 0)]) as channel:
+        call = channel.unary_unary(GCS_PROBE_METHOD)  # no (de)serializers: bytes; b"" is an empty request
+        try:
+            call(b"", timeout=max(deadline - time.monotonic(), 0.05), metadata=token or ())
+            return
+        except grpc.RpcError as e:
+            code = e.code()
+    if code == grpc.StatusCode.UNAUTHENTICATED:  # it is Ray, with token authentication
+        if token is None:
+            return  # which token Ray sends is unknown here: no verdict
+        raise InputError(
+            f"cannot connect to the Ray cluster at {address}: it requires token authentication and "
+            + (
+                f"refuses this process's token (from {TOKEN_SOURCES}); give it the cluster's token"
+                if token
+                else f"this process sends no token; set RAY_AUTH_MODE=token and the cluster's token in {TOKEN_SOURCES}"
+            )
+        )
+    what = {
+        grpc.StatusCode.UNIMPLEMENTED: "answered UNIMPLEMENTED to Ray's first call (a foreign gRPC service, "
+        "or a much older Ray)",
+        grpc.StatusCode.DEADLINE_EXCEEDED: "did not answer Ray's first call",
+    }.get(code)
+    if what is not None:  # anything else (e.g. a GCS going down) is left to ray.init to report
+        raise InputError(
+            f"cannot reach the Ray cluster at {address}: the port speaks HTTP/2 but is not a Ray GCS: "
+            f"within {timeout:g} s it {what}; {WHICH_PORT}"
+        )
+
+
+def check_reachable(address: str, timeout: float) -> float:
+    """A Ray GCS (or Ray Client server) at ``address`` within ``timeout`` seconds, or one InputError
+    naming it; returns the seconds left of ``timeout``, for ``ray.init``.
+
+    Ray itself retries an unreachable address for minutes, and waits 20 s to minutes on a port that
+    answers but is not Ray: an unresolvable host, a closed port, an unroutable address, a server
+    that stays silent, hangs up or speaks another protocol, a foreign gRPC server and a missing or
+    refused Ray token are all caught here in at most ``timeout``. (With ``RAY_USE_TLS`` only the TCP
+    connection is checked; a ``ray://`` address up to the HTTP/2 greeting.)"""
     target = _split_address(address)
     if target is None:
-        return
-    outcome: list[BaseException | None] = []
+        return timeout
+    deadline = time.monotonic() + timeout
+    tls = os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true")  # as Ray reads it
+    client = address.startswith("ray://")  # Ray Client's server is gRPC too, but serves no GCS
+    outcome: list[BaseException | str | None] = []
+    connected = threading.Event()
 
-    def connect() -> None:
+    def probe() -> None:
         try:
             # getaddrinfo can block on DNS far longer than any socket timeout: the thread bounds it.
-            with socket.create_connection(target, timeout=timeout):
-                outcome.append(None)
+            with socket.create_connection(target, timeout=timeout) as sock:
+                connected.set()
+                outcome.append(None if tls else http2_greeting(sock, deadline))
         except OSError as e:
             outcome.append(e)
 
-    worker = threading.Thread(target=connect, name="gantool-ray-probe", daemon=True)
+    worker = threading.Thread(target=probe, name="gantool-ray-probe", daemon=True)
     worker.start()
     worker.join(timeout)
-    if not outcome:
-        cause: str = f"no answer within {timeout:g} s"
-    elif outcome[0] is None:
-        return
-    else:
-        error = outcome[0]
-        cause = "unknown host" if isinstance(error, socket.gaierror) else (first_line(error) or type(error).__name__)
-        if isinstance(error, TimeoutError):
-            cause = f"no answer within {timeout:g} s"
+    found = outcome[0] if outcome else None
+    if not outcome and connected.is_set():
+        found = "it stayed silent"  # the probe thread is still waiting for its SETTINGS frame
+    if isinstance(found, str):
+        raise InputError(
+            f"cannot reach the Ray cluster at {address}: the port answers but does not speak gRPC, so it is "
+            f"not a Ray {'Client server' if client else 'GCS'}: within {timeout:g} s {found}; {WHICH_PORT}"
+        )
+    if outcome and found is None:  # a gRPC server (or, with TLS, a TCP port): Ray's first call next
+        if not tls and not client:
+            check_gcs(address, *target, deadline, timeout)
+        return max(deadline - time.monotonic(), 0.0)
+    cause: str = f"no answer within {timeout:g} s"
+    if isinstance(found, OSError) and not isinstance(found, TimeoutError):
+        cause = "unknown host" if isinstance(found, socket.gaierror) else (first_line(found) or type(found).__name__)
     raise InputError(
         f"cannot reach the Ray cluster at {address} ({target[0]}:{target[1]}): {cause}; "
         "is its head node up? (or leave out --ray-address to start a local cluster)"
@@ -116,9 +231,9 @@ def connect(ray: Any, address: str | None, timeout: float) -> None:
             ray.init(include_dashboard=False, logging_level=logging.WARNING)
             return
         deadline = time.monotonic() + timeout  # the caller probed the address (check_reachable) first
-        # The port answers, but Ray may still retry (not a Ray port, a version mismatch): a timer
-        # interrupts the main thread at the deadline. Ray waits for the GCS inside C++ calls that
-        # Python cannot interrupt, so such a port fails after Ray's own wait (about 40 s here).
+        # The probe found a Ray GCS, but Ray may still retry (a version mismatch, a GCS that went
+        # away): a timer interrupts the main thread at the deadline. Ray waits for the GCS inside
+        # C++ calls that Python cannot interrupt, so such a case fails after Ray's own wait.
         timer = None
         connected = threading.Event()
 
