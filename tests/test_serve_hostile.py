@@ -7,10 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -29,34 +26,19 @@ from gantool.inference.inpainter import Window, _span, crop_windows, hole_boxes,
 from gantool.serving.app import build_app
 from gantool.serving.settings import ServeSettings, check_api_key, default_allowed_hosts
 from inpaint_helpers import exported_model, textured_rgb  # noqa: F401 (fixture)
-from serve_helpers import (
-    URL_LINE,
+from serve_helpers import (  # noqa: F401 (inpainter, gated: fixtures)
+    GatedBackend,
     encode,
+    gated,
     get_json,
+    inpainter,
     multipart,
     raw_connect,
     read_response,
     running_server,
+    serve_process,
     wait_ready,
 )
-from test_serve import GatedBackend
-
-
-@pytest.fixture(scope="module")
-def inpainter(exported_model) -> Inpainter:  # noqa: F811
-    return Inpainter(exported_model.folder, "cpu", "onnx")
-
-
-@pytest.fixture
-def gated(inpainter: Inpainter) -> Iterator[GatedBackend]:
-    original = inpainter.backend
-    backend = GatedBackend(original)
-    inpainter.backend = backend  # type: ignore[assignment]
-    try:
-        yield backend
-    finally:
-        backend.gate.set()
-        inpainter.backend = original
 
 
 def upload(height: int = 32, width: int = 32, holes: int = 1) -> tuple[bytes, str]:
@@ -86,7 +68,7 @@ def health(url: str) -> dict:
 # ------------------------------------------------------------------ slow clients, deadlines
 
 
-def test_slow_uploads_hold_no_slot_and_are_dropped_at_the_deadline(inpainter: Inpainter):
+def test_slow_uploads_hold_no_slot_and_are_dropped_at_the_deadline(inpainter: Inpainter):  # noqa: F811
     settings = ServeSettings(max_queue=2, read_timeout=1.5, min_upload_rate_kb=1000)
     body, kind = upload()
     with running_server(build_app(inpainter, settings)) as (url, _):
@@ -109,7 +91,7 @@ def test_slow_uploads_hold_no_slot_and_are_dropped_at_the_deadline(inpainter: In
         assert health(url)["reading"] == 0
 
 
-def test_trickled_or_silent_headers_are_dropped(inpainter: Inpainter):
+def test_trickled_or_silent_headers_are_dropped(inpainter: Inpainter):  # noqa: F811
     settings = ServeSettings(read_timeout=1.0)
     with running_server(build_app(inpainter, settings)) as (url, _):
         trickle = raw_connect(url)
@@ -122,7 +104,7 @@ def test_trickled_or_silent_headers_are_dropped(inpainter: Inpainter):
         assert get_json(url + "/healthz")[0] == 200
 
 
-def test_headers_over_the_limit_are_431_json(inpainter: Inpainter):
+def test_headers_over_the_limit_are_431_json(inpainter: Inpainter):  # noqa: F811
     with running_server(build_app(inpainter, ServeSettings(max_header_kb=4))) as (url, _):
         sock = raw_connect(url)
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 8192 + b"\r\n\r\n")
@@ -138,7 +120,7 @@ def test_headers_over_the_limit_are_431_json(inpainter: Inpainter):
         sock.close()
 
 
-def test_content_length_is_enforced_both_ways(inpainter: Inpainter):
+def test_content_length_is_enforced_both_ways(inpainter: Inpainter):  # noqa: F811
     body, kind = upload()
     with running_server(build_app(inpainter, ServeSettings(read_timeout=1.0))) as (url, _):
         # More bytes than declared: the extra is not a request.
@@ -157,7 +139,7 @@ def test_content_length_is_enforced_both_ways(inpainter: Inpainter):
         sock.close()
 
 
-def test_tcp_nodelay_is_set_on_accepted_connections(inpainter: Inpainter):
+def test_tcp_nodelay_is_set_on_accepted_connections(inpainter: Inpainter):  # noqa: F811
     with running_server(build_app(inpainter)) as (url, server), httpx.Client() as client:
         assert client.get(url + "/healthz").status_code == 200
         connections = list(server.server_state.connections)
@@ -170,7 +152,7 @@ def test_tcp_nodelay_is_set_on_accepted_connections(inpainter: Inpainter):
 # ------------------------------------------------------------------- disconnected clients
 
 
-def test_a_client_that_left_costs_no_model_run(inpainter: Inpainter, gated: GatedBackend):
+def test_a_client_that_left_costs_no_model_run(inpainter: Inpainter, gated: GatedBackend):  # noqa: F811
     body, kind = upload()
     with running_server(build_app(inpainter, ServeSettings(max_batch=1, batch_wait_ms=0))) as (url, _):
         wait_ready(url)
@@ -201,7 +183,9 @@ def test_a_client_that_left_costs_no_model_run(inpainter: Inpainter, gated: Gate
 
 
 def test_only_allowed_formats_are_decoded_and_no_program_runs(
-    inpainter: Inpainter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    inpainter: Inpainter,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ):
     marker = tmp_path / "gs-ran"
     fake_gs = tmp_path / "bin" / "gs"
@@ -220,7 +204,7 @@ def test_only_allowed_formats_are_decoded_and_no_program_runs(
     assert not marker.exists()
 
 
-def test_host_and_origin_are_checked_before_any_work(inpainter: Inpainter):
+def test_host_and_origin_are_checked_before_any_work(inpainter: Inpainter):  # noqa: F811
     settings = ServeSettings(allowed_hosts=default_allowed_hosts("127.0.0.1"), cors_origins=("https://app.example",))
     body, kind = upload()
     with running_server(build_app(inpainter, settings)) as (url, _):
@@ -269,7 +253,7 @@ def test_api_keys_no_client_could_send_are_refused_at_start():
         ("pixel bomb", 413, "limit of 1000000 pixels"),
     ],
 )
-def test_client_mistakes_are_one_clear_json_line(inpainter: Inpainter, case: str, status: int, needle: str):
+def test_client_mistakes_are_one_clear_json_line(inpainter: Inpainter, case: str, status: int, needle: str):  # noqa: F811
     image = encode(textured_rgb(32, 32))
     mask = encode(np.full((32, 32), 255, np.uint8))
     kind = None
@@ -298,7 +282,7 @@ def test_client_mistakes_are_one_clear_json_line(inpainter: Inpainter, case: str
 # ------------------------------------------------------------------------ cost, windows
 
 
-def test_costs_over_the_limits_are_refused_before_the_model(inpainter: Inpainter):
+def test_costs_over_the_limits_are_refused_before_the_model(inpainter: Inpainter):  # noqa: F811
     many, kind = upload(64, 64, holes=40)
     with running_server(build_app(inpainter, ServeSettings(max_holes=10, max_model_pixels=32 * 32 * 4))) as (url, _):
         wait_ready(url)
@@ -372,29 +356,11 @@ def test_cost_estimate_follows_the_plan():
 # ----------------------------------------------------------------------------- shutdown
 
 
-def _start(args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gantool", "serve", "--port", "0", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    assert process.stdout is not None
-    for line in process.stdout:
-        match = URL_LINE.search(line)
-        if match:
-            return process, match.group(1)
-    raise AssertionError(f"no URL: {process.stderr.read() if process.stderr else ''}")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_stops_cleanly_with_its_exit_status(exported_model, subprocess_env, sig, code):  # noqa: F811
-    process, url = _start(
-        ["--model", str(exported_model.folder), "--provider", "cpu", "--read-timeout", "30"], subprocess_env
-    )
-    try:
+    args = ["--model", str(exported_model.folder), "--provider", "cpu", "--read-timeout", "30"]
+    with serve_process(args, subprocess_env) as (url, _, process):
         wait_ready(url)
         body, kind = upload()
         uploading = raw_post(url, body, kind, send=10)  # a slow upload in progress
@@ -405,10 +371,6 @@ def test_a_signal_stops_cleanly_with_its_exit_status(exported_model, subprocess_
         assert status == 503 and "shutting down" in json.loads(answer)["error"]
         assert process.wait(20) == code
         assert time.monotonic() - started < 10  # did not wait for the slow uploader
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
     stderr = process.stderr.read() if process.stderr else ""
     assert "Traceback" not in stderr and "Aborted" not in stderr, stderr
     assert f"{sig.name}: stopping" in stderr and stderr.rstrip().endswith("stopped")
@@ -416,12 +378,9 @@ def test_a_signal_stops_cleanly_with_its_exit_status(exported_model, subprocess_
 
 @pytest.mark.slow
 def test_a_second_signal_exits_at_once(exported_model, subprocess_env):  # noqa: F811
-    process, url = _start(
-        ["--model", str(exported_model.folder), "--provider", "cpu", "--shutdown-timeout", "60",
-         "--max-model-pixels", "20000000"],  # the 2048 px request below must run, not be refused (413)
-        subprocess_env,
-    )  # fmt: skip
-    try:
+    args = ["--model", str(exported_model.folder), "--provider", "cpu", "--shutdown-timeout", "60"]
+    args += ["--max-model-pixels", "20000000"]  # the 2048 px request below must run, not be refused (413)
+    with serve_process(args, subprocess_env) as (url, _, process):
         wait_ready(url)
         # A big full-image request keeps the model busy while the signals come.
         image = encode(textured_rgb(2048, 2048))
@@ -449,10 +408,6 @@ def test_a_second_signal_exits_at_once(exported_model, subprocess_env):  # noqa:
         assert leftover == b"" or leftover.startswith(b"HTTP/1.1 200") or (
             leftover.startswith(b"HTTP/1.1 503") and b'{"error":' in leftover
         ), leftover[:200]
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
     stderr = process.stderr.read() if process.stderr else ""
     assert "Traceback" not in stderr and "again, exiting now" in stderr, stderr
 
