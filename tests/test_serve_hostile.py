@@ -347,6 +347,7 @@ def test_cost_estimate_follows_the_plan():
     assert crop.model_pixels == sum(w.height * w.width for w in windows)  # multiples of 4 already
     full = estimate_cost(mask, "full", 32, 4)
     assert full.windows == 1 and full.model_pixels == 300 * 400 and full.peak_bytes > crop.peak_bytes
+    assert full.holes == 3 and full.describe().startswith("3 holes, 1 model windows")  # counted with no limit too
     with pytest.raises(SizeLimitError, match="available memory"):
         check_cost(full, max_bytes=full.peak_bytes - 1)
     assert check_cost(full, max_bytes=full.peak_bytes) is full

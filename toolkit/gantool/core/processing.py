@@ -444,8 +444,8 @@ BLEND_MIN_KNOWN_FRACTION = 0.01
 # The hole is dilated by this many pixels before cloning, so the solve's boundary lies on known pixels.
 BLEND_DILATION = 1
 OPENCV_MISSING = (
-    "OpenCV is missing (gantool needs it for --blend poisson and the eval baselines): "
-    "pip install opencv-python-headless, or use --blend none"
+    "OpenCV is missing (a core dependency: gantool finds the holes, blends and scores with it): "
+    "pip install opencv-python-headless"
 )
 _LOGGED_ONCE: set[str] = set()
 
@@ -458,10 +458,12 @@ def _log_once(message: str) -> None:
 
 
 def check_blend(blend: str) -> str:
-    """``blend`` if it is one of BLEND_MODES and can run here (OpenCV for "poisson"); else InputError."""
+    """``blend`` if it is one of BLEND_MODES and inpainting can run here; else InputError.
+
+    OpenCV is checked for every mode, "none" too: it also finds the holes (crop windows,
+    the cost estimate), so a broken install fails before any work, not on every file."""
     check_choice("blend mode", blend, BLEND_MODES)
-    if blend == "poisson":
-        import_cv2()  # fail before any work, not on every file
+    import_cv2()
     return blend
 
 

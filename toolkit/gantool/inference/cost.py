@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gantool.core.errors import InputError, SizeLimitError
+from gantool.core.errors import SizeLimitError
 from gantool.core.processing import import_cv2, padding_for
 from gantool.inference.inpainter import plan_windows
 
@@ -43,7 +43,7 @@ class Cost:
 
     def describe(self) -> str:
         return (
-            f"{self.holes if self.holes >= 0 else 'uncounted'} holes, {self.windows} model windows, {self.model_pixels} model pixels, "
+            f"{self.holes} holes, {self.windows} model windows, {self.model_pixels} model pixels, "
             f"about {self.peak_bytes / 2**30:.1f} GiB"
         )
 
@@ -73,15 +73,7 @@ def estimate_cost(
     ``max_holes``, more holes raise :class:`SizeLimitError` before any planning.
     """
     height, width = mask.shape
-    if max_holes is not None:
-        holes = count_holes(mask)
-    else:
-        # Counted with OpenCV; --blend none with the full strategy runs without it, so a missing
-        # OpenCV must not stop an estimate that no limit reads (-1: not counted).
-        try:
-            holes = count_holes(mask)
-        except InputError:
-            holes = -1
+    holes = count_holes(mask)
     if max_holes is not None:
         check_cost(Cost(height * width, holes, 0, 0, 0, 0), max_holes=max_holes)
     windows = plan_windows(mask, strategy, train_size, crop_margin)
