@@ -20,7 +20,7 @@ pytest.importorskip("fastapi", reason="the serve extra is not installed")
 from gantool import Inpainter
 from gantool.cli import cli
 from gantool.core.errors import InputError, SizeLimitError
-from gantool.core.processing import read_image
+from gantool.core.processing import BLEND_MARGIN, blend_pixels, blend_regions, read_image
 from gantool.inference.cost import check_cost, estimate_cost
 from gantool.inference.inpainter import Window, _span, crop_windows, hole_boxes, plan_windows
 from gantool.serving.app import build_app
@@ -298,6 +298,63 @@ def test_costs_over_the_limits_are_refused_before_the_model(inpainter: Inpainter
         response = httpx.post(url + "/v1/inpaint", content=big, headers={"content-type": kind}, timeout=30)
         assert response.status_code == 413 and "--max-model-pixels (4096)" in response.json()["error"]
         assert health(url)["images"] == 0  # the model never ran
+
+
+def _one_square_hole(size: int, side: int) -> np.ndarray:
+    mask = np.zeros((size, size), np.float32)
+    offset = (size - side) // 2
+    mask[offset : offset + side, offset : offset + side] = 1
+    return mask
+
+
+def test_the_blend_is_costed_by_its_regions_area_not_its_hole_count():
+    huge, tiny = _one_square_hole(200, 150), _one_square_hole(200, 4)
+    # One region each: the hole's box after the blend's 1-pixel dilation, plus BLEND_MARGIN on every side.
+    assert blend_pixels(huge > 0.5) == (150 + 2 + 2 * BLEND_MARGIN) ** 2
+    assert blend_pixels(tiny > 0.5) == (4 + 2 + 2 * BLEND_MARGIN) ** 2
+    labels, boxes = blend_regions(huge > 0.5)
+    assert labels is not None and boxes == [(24, 24, 152, 152)]  # (x, y, w, h), what poisson_blend solves
+    costs = {
+        name: estimate_cost(mask, "full", 32, 4, blend="poisson") for name, mask in (("huge", huge), ("tiny", tiny))
+    }
+    assert costs["huge"].holes == costs["tiny"].holes == 1
+    assert [costs[name].blend_pixels for name in ("huge", "tiny")] == [168**2, 22**2]  # the same holes, 58x apart
+    assert estimate_cost(huge, "full", 32, 4, blend="none").blend_pixels == 0  # nothing blended, nothing charged
+    limit = 10 * costs["tiny"].blend_pixels
+    assert check_cost(costs["tiny"], max_blend_pixels=limit) is costs["tiny"]
+    with pytest.raises(SizeLimitError, match=rf"--max-blend-pixels \({limit}\)"):
+        check_cost(costs["huge"], max_blend_pixels=limit)
+    # Many tiny holes still add up: each region is at least (2 BLEND_MARGIN + 1)^2.
+    many = np.zeros((200, 200), np.float32)
+    many[4::20, 4::20] = 1  # 100 one-pixel holes, 20 px apart: 100 regions
+    assert blend_pixels(many > 0.5) == 100 * (1 + 2 + 2 * BLEND_MARGIN) ** 2
+
+
+def test_a_request_with_one_huge_hole_to_blend_is_refused_before_the_model(inpainter: Inpainter):  # noqa: F811
+    image = encode(textured_rgb(96, 96))
+
+    def body(box: bytes, blend: bytes) -> tuple[bytes, str]:
+        return multipart(
+            [("image", "i.png", image), ("boxes", None, box), ("strategy", None, b"full"), ("blend", None, blend)]
+        )
+
+    settings = ServeSettings(max_blend_pixels=2000)  # a 4 x 4 hole blends over 22 x 22 = 484 pixels
+    with running_server(build_app(inpainter, settings)) as (url, _):
+        wait_ready(url)
+        for box, blend, status in [
+            (b"8,8,80,80", b"poisson", 413),  # one huge hole: 98 x 98 = 9604 blend pixels
+            (b"40,40,4,4", b"poisson", 200),  # one tiny hole
+            (b"8,8,80,80", b"none", 200),  # the huge hole, not blended: nothing charged
+        ]:
+            before = health(url)["images"]
+            content, kind = body(box, blend)
+            response = httpx.post(url + "/v1/inpaint", content=content, headers={"content-type": kind}, timeout=60)
+            assert response.status_code == status, (box, blend, response.text)
+            if status == 413:
+                error = response.json()["error"]
+                assert "--max-blend-pixels (2000)" in error and "9604 pixels" in error, error
+                assert health(url)["images"] == before  # refused before the model ran
+        assert get_json(url + "/v1/model")[1]["limits"]["max_blend_pixels"] == 2000
 
 
 def _quadratic_windows(mask: np.ndarray, train_size: int, margin: int) -> list[Window]:
