@@ -710,10 +710,28 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "serve_departed_client_computed",
+    "serve_blend_limit_unchecked",
         "serving/app.py",
         "            future.cancel()\n            waiting.cancel()",
         "            waiting.cancel()",
         (f"{HOSTILE}::test_a_client_that_left_costs_no_model_run",),
+    ),
+    Mutant(
+        "blend_charged_per_hole",
+        "core/processing.py",
+        "    return sum((w + 2 * BLEND_MARGIN) * (h + 2 * BLEND_MARGIN) for _, _, w, h in boxes)",
+        "    return len(boxes) * (2 * BLEND_MARGIN + 1) ** 2",
+        # The server test catches it too (checked with --only); this one is fast, so CI runs it.
+        (f"{HOSTILE}::test_the_blend_is_costed_by_its_regions_area_not_its_hole_count",),
+        why="the blend costed per hole: one huge hole (seconds of Poisson solves) passes as one tiny one",
+    ),
+    Mutant(
+        "serve_blend_limit_unchecked",
+        "serving/app.py",
+        "        return check_cost(cost, max_model_pixels=settings.max_model_pixels, max_blend_pixels=settings.max_blend_pixels)",
+        "        return check_cost(cost, max_model_pixels=settings.max_model_pixels)",
+        (f"{HOSTILE}::test_a_request_with_one_huge_hole_to_blend_is_refused_before_the_model",),
+        why="--max-blend-pixels never checked: a huge hole holds a worker for its whole blend",
     ),
     Mutant(
         "crop_windows_one_merge_pass",
@@ -851,6 +869,7 @@ NOT_IN_CI = {
     "decode_any_format",
     "serve_origin_unchecked",
     "serve_departed_client_computed",
+    "serve_blend_limit_unchecked",
     "openvino_fp32_without_the_f32_hint",
     "dead_peer_not_recognised",
     "lost_peer_in_the_loop_taken_for_a_stop",

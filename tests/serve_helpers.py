@@ -1,5 +1,9 @@
-"""Shared by test_serve.py and test_serve_browser.py: encoded images, a real
-uvicorn server on a free loopback port (in a thread or as `gantool serve`)."""
+"""Shared by the serve tests (test_serve.py, test_serve_hostile.py, test_serve_browser.py):
+encoded images, a real uvicorn server on a free loopback port (in a thread or as
+`gantool serve`), raw HTTP clients, and the model fixtures with a gated backend.
+
+A test module that uses the ``inpainter`` or ``gated`` fixtures imports them by name, beside
+``exported_model`` (from inpaint_helpers), which ``inpainter`` depends on."""
 
 from __future__ import annotations
 
@@ -20,9 +24,56 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
+import pytest
 from PIL import Image
 
+from gantool import Inpainter
+
 URL_LINE = re.compile(r"serving on (http://\S+?)/ ")
+
+
+class GatedBackend:
+    """The real backend, with a gate the test opens, and a record of each run."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+        self.batch_sizes: list[int] = []
+        self.threads: set[str] = set()
+        self.fail_with: Exception | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def run(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        self.threads.add(threading.current_thread().name)
+        self.batch_sizes.append(image.shape[0])
+        self.entered.set()
+        assert self.gate.wait(60), "the test never opened the gate"
+        if self.fail_with is not None:
+            raise self.fail_with
+        return self.inner.run(image, mask)
+
+
+@pytest.fixture(scope="module")
+def inpainter(exported_model: Any) -> Inpainter:
+    """The exported tiny model on ONNX Runtime's CPU provider, shared by a test module."""
+    return Inpainter(exported_model.folder, "cpu", "onnx")
+
+
+@pytest.fixture
+def gated(inpainter: Inpainter) -> Iterator[GatedBackend]:
+    """``inpainter`` with its backend behind a GatedBackend for one test; put back after it."""
+    original = inpainter.backend
+    backend = GatedBackend(original)
+    inpainter.backend = backend  # type: ignore[assignment]
+    try:
+        yield backend
+    finally:
+        backend.gate.set()
+        inpainter.backend = original
 
 
 def encode(image: Image.Image | np.ndarray, fmt: str = "PNG", **options: Any) -> bytes:

@@ -14,11 +14,10 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from click.testing import CliRunner
 from PIL import Image
 
+from cli_helpers import TORCH_JIT_WARNINGS, assert_one_line_error, invoke
 from conftest import REPO_ROOT, TINY_CONFIG, briefly_trained_generator, write_checkpoint
-from gantool.cli import cli
 from gantool.core.artifacts import DEFAULT_EXPORT_FORMATS, EXPORT_FORMATS, read_model_metadata
 from gantool.core.errors import CheckpointError, InputError, ModelError
 from gantool.core.processing import (
@@ -42,12 +41,7 @@ from gantool.export.parity import onnx_session
 from gantool.export.provenance import find_machine_traces
 from gantool.training.checkpoint import load_checkpoint, load_generator_weights, weights_sha256
 
-# The tests load TorchScript files themselves: torch 2.13 flags torch.jit with a DeprecationWarning,
-# 2.14 with a FutureWarning.
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore:`torch.jit:FutureWarning"),
-]
+pytestmark = TORCH_JIT_WARNINGS  # the tests load TorchScript files themselves
 
 CONTRACT_KEYS = {
     "gantool.version", "gantool.model_config", "gantool.processing", "gantool.train_step", "gantool.train_phase",
@@ -55,19 +49,6 @@ CONTRACT_KEYS = {
     "gantool.prefer",
 }  # fmt: skip
 OUTPUT_NAMES = ("generator.onnx", "generator.torchscript.pt", "generator.safetensors", "export_report.json")
-
-
-def invoke(*args: str):
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def assert_one_line_error(result, *fragments: str) -> None:
-    assert result.exit_code != 0, result.output
-    assert "Traceback" not in result.output
-    errors = [line for line in result.output.splitlines() if line.startswith("Error")]
-    assert len(errors) == 1, result.output
-    for fragment in fragments:
-        assert fragment in errors[0], result.output
 
 
 def leftovers(folder: Path) -> list[str]:

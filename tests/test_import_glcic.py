@@ -16,10 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
 from PIL import Image
 
-from gantool.cli import cli
+from cli_helpers import TORCH_JIT_WARNINGS, assert_one_line_error, invoke
 from gantool.core.config import ModelConfig
 from gantool.core.constants import IMPORT_CHECKPOINT
 from gantool.export.exporter import export_generator
@@ -38,10 +37,7 @@ from glcic_oracle import (
     write_glcic_files,
 )
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore:`torch.jit:FutureWarning"),
-]
+pytestmark = TORCH_JIT_WARNINGS  # the tests load TorchScript files themselves
 
 MPV = [0.4914, 0.4822, 0.4465]
 SIZE, LOCAL = 64, 32  # config.json's cn_input_size / ld_input_size (small: quick parity sweeps)
@@ -55,20 +51,6 @@ LAYOUTS = ["", "module."]  # plain, and saved from nn.DataParallel (--data_paral
 RANDOM_WEIGHTS_INT8_GATE = 1.0
 # Small parity cases: the export's own sweep against eager (the oracle checks below are separate).
 QUICK_CASES = [ParityCase(1, 32, 32, "box"), ParityCase(2, 40, 36, "free"), ParityCase(1, 8, 16, "full")]
-
-
-def invoke(*args: object):
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def assert_one_line_error(result, *fragments: str) -> str:
-    assert result.exit_code != 0, result.output
-    assert "Traceback" not in result.output
-    errors = [line for line in result.output.splitlines() if line.startswith("Error")]
-    assert len(errors) == 1, result.output
-    for fragment in fragments:
-        assert fragment in errors[0], result.output
-    return errors[0]
 
 
 def inputs(height: int, width: int, seed: int, batch: int = 2) -> tuple[torch.Tensor, torch.Tensor]:

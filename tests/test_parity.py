@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from cli_helpers import TORCH_JIT_WARNINGS
 from conftest import REPO_ROOT, TINY_CONFIG, briefly_trained_generator, random_generator
 from gantool.core.artifacts import read_model_metadata
 from gantool.core.config import ModelConfig
@@ -48,12 +49,7 @@ FP32_BACKENDS = ("eager-folded", "torchscript", "onnxruntime-cpu", "openvino")
 FP16_BACKENDS = ("eager-fp16", "onnxruntime-cpu-fp16")
 SHIPPED_ONNX = REPO_ROOT / "models" / "generator.onnx"
 
-# The tests load TorchScript files themselves: torch 2.13 flags torch.jit with a DeprecationWarning,
-# 2.14 with a FutureWarning.
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore:`torch.jit:FutureWarning"),
-]
+pytestmark = TORCH_JIT_WARNINGS  # the tests load TorchScript files themselves
 
 
 @pytest.fixture(scope="module", params=["random", "trained"])

@@ -31,60 +31,21 @@ from gantool.inference.inpainter import inpaint_images
 from gantool.serving.app import build_app
 from gantool.serving.settings import ServeSettings, is_loopback
 from inpaint_helpers import exported_model, textured_rgb  # noqa: F401 (fixture)
-from serve_helpers import (
+from serve_helpers import (  # noqa: F401 (inpainter, gated: fixtures)
+    GatedBackend,
     decode,
     encode,
+    gated,
     get_json,
+    inpainter,
     live_server,
     serve_process,
     wait_ready,
 )
 
 
-class GatedBackend:
-    """The real backend, with a gate the test opens, and a record of each run."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.gate = threading.Event()
-        self.gate.set()
-        self.entered = threading.Event()
-        self.batch_sizes: list[int] = []
-        self.threads: set[str] = set()
-        self.fail_with: Exception | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def run(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        self.threads.add(threading.current_thread().name)
-        self.batch_sizes.append(image.shape[0])
-        self.entered.set()
-        assert self.gate.wait(60), "the test never opened the gate"
-        if self.fail_with is not None:
-            raise self.fail_with
-        return self.inner.run(image, mask)
-
-
-@pytest.fixture(scope="module")
-def inpainter(exported_model) -> Inpainter:  # noqa: F811
-    return Inpainter(exported_model.folder, "cpu", "onnx")
-
-
 @pytest.fixture
-def gated(inpainter: Inpainter) -> Iterator[GatedBackend]:
-    original = inpainter.backend
-    backend = GatedBackend(original)
-    inpainter.backend = backend  # type: ignore[assignment]
-    try:
-        yield backend
-    finally:
-        backend.gate.set()
-        inpainter.backend = original
-
-
-@pytest.fixture
-def make_client(inpainter: Inpainter) -> Iterator[Callable[..., TestClient]]:
+def make_client(inpainter: Inpainter) -> Iterator[Callable[..., TestClient]]:  # noqa: F811
     """``make_client(**settings)``: a started TestClient whose warm-up is done."""
     clients: list[TestClient] = []
 
@@ -134,7 +95,7 @@ def assert_only_holes_changed(result: np.ndarray, original: np.ndarray, hole: np
 # ---------------------------------------------------------------------------------- results
 
 
-def test_inpaint_with_a_mask_keeps_size_and_known_pixels(client: TestClient, inpainter: Inpainter):
+def test_inpaint_with_a_mask_keeps_size_and_known_pixels(client: TestClient, inpainter: Inpainter):  # noqa: F811
     rgb, hole = rgb_and_mask()
     response = post(client, encode(rgb), encode((hole * 255).astype(np.uint8)))
     assert response.status_code == 200, response.text
@@ -243,7 +204,7 @@ def test_a_mask_without_holes_returns_the_image_unchanged(client: TestClient):
     assert np.array_equal(np.asarray(decode(response.content)), rgb)
 
 
-def test_strategy_option_is_used(client: TestClient, inpainter: Inpainter):
+def test_strategy_option_is_used(client: TestClient, inpainter: Inpainter):  # noqa: F811
     rgb = textured_rgb(100, 120)
     hole = np.zeros((100, 120), bool)
     hole[40:50, 50:60] = True
@@ -409,7 +370,7 @@ def test_wrong_path_and_method_are_json(client: TestClient):
         assert client.get(path).status_code == 404, path
 
 
-def test_unexpected_errors_are_one_json_line(gated: GatedBackend, client: TestClient, monkeypatch):
+def test_unexpected_errors_are_one_json_line(gated: GatedBackend, client: TestClient, monkeypatch):  # noqa: F811
     rgb, hole = rgb_and_mask()
     mask = encode((hole * 255).astype(np.uint8))
     # A decoder blowing up with an odd exception on a crafted upload is still bad input.
@@ -436,7 +397,7 @@ def test_unexpected_errors_are_one_json_line(gated: GatedBackend, client: TestCl
 # ---------------------------------------------------------------------------- other routes
 
 
-def test_model_health_and_openapi(client: TestClient, inpainter: Inpainter):
+def test_model_health_and_openapi(client: TestClient, inpainter: Inpainter):  # noqa: F811
     model = client.get("/v1/model").json()
     assert model["backend"] == "onnx" and model["provider"] == "CPUExecutionProvider"
     assert model["precision"] == "fp32" and model["model"].endswith("generator.onnx")
@@ -449,7 +410,7 @@ def test_model_health_and_openapi(client: TestClient, inpainter: Inpainter):
     assert client.get("/docs").status_code == 200
 
 
-def test_readyz_waits_for_the_warm_up(make_client: Callable[..., TestClient], gated: GatedBackend):
+def test_readyz_waits_for_the_warm_up(make_client: Callable[..., TestClient], gated: GatedBackend):  # noqa: F811
     gated.gate.clear()
     client = make_client(wait=False)
     assert gated.entered.wait(30)  # the warm-up inference is running
@@ -519,7 +480,7 @@ def _wait_for(url: str, **expected: int) -> None:
         time.sleep(0.02)
 
 
-def test_concurrent_requests_run_as_one_batch_off_the_event_loop(inpainter: Inpainter, gated: GatedBackend):
+def test_concurrent_requests_run_as_one_batch_off_the_event_loop(inpainter: Inpainter, gated: GatedBackend):  # noqa: F811
     app = build_app(inpainter, ServeSettings(max_batch=3, batch_wait_ms=0, max_queue=8))
     rgb, hole = rgb_and_mask(32, 32)
     mask = encode((hole * 255).astype(np.uint8))
@@ -543,7 +504,7 @@ def test_concurrent_requests_run_as_one_batch_off_the_event_loop(inpainter: Inpa
         assert any(np.array_equal(result[~hole], o[~hole]) for o in originals.values())
 
 
-def test_a_full_queue_answers_503_with_retry_after(inpainter: Inpainter, gated: GatedBackend):
+def test_a_full_queue_answers_503_with_retry_after(inpainter: Inpainter, gated: GatedBackend):  # noqa: F811
     app = build_app(inpainter, ServeSettings(max_batch=1, batch_wait_ms=0, max_queue=2))
     rgb, hole = rgb_and_mask(32, 32)
     body = (encode(rgb), encode((hole * 255).astype(np.uint8)))

@@ -7,10 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -23,40 +20,25 @@ pytest.importorskip("fastapi", reason="the serve extra is not installed")
 from gantool import Inpainter
 from gantool.cli import cli
 from gantool.core.errors import InputError, SizeLimitError
-from gantool.core.processing import read_image
+from gantool.core.processing import BLEND_MARGIN, blend_pixels, blend_regions, read_image
 from gantool.inference.cost import check_cost, estimate_cost
 from gantool.inference.inpainter import Window, _span, crop_windows, hole_boxes, plan_windows
 from gantool.serving.app import build_app
 from gantool.serving.settings import ServeSettings, check_api_key, default_allowed_hosts
 from inpaint_helpers import exported_model, textured_rgb  # noqa: F401 (fixture)
-from serve_helpers import (
-    URL_LINE,
+from serve_helpers import (  # noqa: F401 (inpainter, gated: fixtures)
+    GatedBackend,
     encode,
+    gated,
     get_json,
+    inpainter,
     multipart,
     raw_connect,
     read_response,
     running_server,
+    serve_process,
     wait_ready,
 )
-from test_serve import GatedBackend
-
-
-@pytest.fixture(scope="module")
-def inpainter(exported_model) -> Inpainter:  # noqa: F811
-    return Inpainter(exported_model.folder, "cpu", "onnx")
-
-
-@pytest.fixture
-def gated(inpainter: Inpainter) -> Iterator[GatedBackend]:
-    original = inpainter.backend
-    backend = GatedBackend(original)
-    inpainter.backend = backend  # type: ignore[assignment]
-    try:
-        yield backend
-    finally:
-        backend.gate.set()
-        inpainter.backend = original
 
 
 def upload(height: int = 32, width: int = 32, holes: int = 1) -> tuple[bytes, str]:
@@ -86,7 +68,7 @@ def health(url: str) -> dict:
 # ------------------------------------------------------------------ slow clients, deadlines
 
 
-def test_slow_uploads_hold_no_slot_and_are_dropped_at_the_deadline(inpainter: Inpainter):
+def test_slow_uploads_hold_no_slot_and_are_dropped_at_the_deadline(inpainter: Inpainter):  # noqa: F811
     settings = ServeSettings(max_queue=2, read_timeout=1.5, min_upload_rate_kb=1000)
     body, kind = upload()
     with running_server(build_app(inpainter, settings)) as (url, _):
@@ -109,7 +91,7 @@ def test_slow_uploads_hold_no_slot_and_are_dropped_at_the_deadline(inpainter: In
         assert health(url)["reading"] == 0
 
 
-def test_trickled_or_silent_headers_are_dropped(inpainter: Inpainter):
+def test_trickled_or_silent_headers_are_dropped(inpainter: Inpainter):  # noqa: F811
     settings = ServeSettings(read_timeout=1.0)
     with running_server(build_app(inpainter, settings)) as (url, _):
         trickle = raw_connect(url)
@@ -122,7 +104,7 @@ def test_trickled_or_silent_headers_are_dropped(inpainter: Inpainter):
         assert get_json(url + "/healthz")[0] == 200
 
 
-def test_headers_over_the_limit_are_431_json(inpainter: Inpainter):
+def test_headers_over_the_limit_are_431_json(inpainter: Inpainter):  # noqa: F811
     with running_server(build_app(inpainter, ServeSettings(max_header_kb=4))) as (url, _):
         sock = raw_connect(url)
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 8192 + b"\r\n\r\n")
@@ -138,7 +120,7 @@ def test_headers_over_the_limit_are_431_json(inpainter: Inpainter):
         sock.close()
 
 
-def test_content_length_is_enforced_both_ways(inpainter: Inpainter):
+def test_content_length_is_enforced_both_ways(inpainter: Inpainter):  # noqa: F811
     body, kind = upload()
     with running_server(build_app(inpainter, ServeSettings(read_timeout=1.0))) as (url, _):
         # More bytes than declared: the extra is not a request.
@@ -157,7 +139,7 @@ def test_content_length_is_enforced_both_ways(inpainter: Inpainter):
         sock.close()
 
 
-def test_tcp_nodelay_is_set_on_accepted_connections(inpainter: Inpainter):
+def test_tcp_nodelay_is_set_on_accepted_connections(inpainter: Inpainter):  # noqa: F811
     with running_server(build_app(inpainter)) as (url, server), httpx.Client() as client:
         assert client.get(url + "/healthz").status_code == 200
         connections = list(server.server_state.connections)
@@ -170,7 +152,7 @@ def test_tcp_nodelay_is_set_on_accepted_connections(inpainter: Inpainter):
 # ------------------------------------------------------------------- disconnected clients
 
 
-def test_a_client_that_left_costs_no_model_run(inpainter: Inpainter, gated: GatedBackend):
+def test_a_client_that_left_costs_no_model_run(inpainter: Inpainter, gated: GatedBackend):  # noqa: F811
     body, kind = upload()
     with running_server(build_app(inpainter, ServeSettings(max_batch=1, batch_wait_ms=0))) as (url, _):
         wait_ready(url)
@@ -201,7 +183,9 @@ def test_a_client_that_left_costs_no_model_run(inpainter: Inpainter, gated: Gate
 
 
 def test_only_allowed_formats_are_decoded_and_no_program_runs(
-    inpainter: Inpainter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    inpainter: Inpainter,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ):
     marker = tmp_path / "gs-ran"
     fake_gs = tmp_path / "bin" / "gs"
@@ -220,7 +204,7 @@ def test_only_allowed_formats_are_decoded_and_no_program_runs(
     assert not marker.exists()
 
 
-def test_host_and_origin_are_checked_before_any_work(inpainter: Inpainter):
+def test_host_and_origin_are_checked_before_any_work(inpainter: Inpainter):  # noqa: F811
     settings = ServeSettings(allowed_hosts=default_allowed_hosts("127.0.0.1"), cors_origins=("https://app.example",))
     body, kind = upload()
     with running_server(build_app(inpainter, settings)) as (url, _):
@@ -269,7 +253,7 @@ def test_api_keys_no_client_could_send_are_refused_at_start():
         ("pixel bomb", 413, "limit of 1000000 pixels"),
     ],
 )
-def test_client_mistakes_are_one_clear_json_line(inpainter: Inpainter, case: str, status: int, needle: str):
+def test_client_mistakes_are_one_clear_json_line(inpainter: Inpainter, case: str, status: int, needle: str):  # noqa: F811
     image = encode(textured_rgb(32, 32))
     mask = encode(np.full((32, 32), 255, np.uint8))
     kind = None
@@ -298,7 +282,7 @@ def test_client_mistakes_are_one_clear_json_line(inpainter: Inpainter, case: str
 # ------------------------------------------------------------------------ cost, windows
 
 
-def test_costs_over_the_limits_are_refused_before_the_model(inpainter: Inpainter):
+def test_costs_over_the_limits_are_refused_before_the_model(inpainter: Inpainter):  # noqa: F811
     many, kind = upload(64, 64, holes=40)
     with running_server(build_app(inpainter, ServeSettings(max_holes=10, max_model_pixels=32 * 32 * 4))) as (url, _):
         wait_ready(url)
@@ -314,6 +298,63 @@ def test_costs_over_the_limits_are_refused_before_the_model(inpainter: Inpainter
         response = httpx.post(url + "/v1/inpaint", content=big, headers={"content-type": kind}, timeout=30)
         assert response.status_code == 413 and "--max-model-pixels (4096)" in response.json()["error"]
         assert health(url)["images"] == 0  # the model never ran
+
+
+def _one_square_hole(size: int, side: int) -> np.ndarray:
+    mask = np.zeros((size, size), np.float32)
+    offset = (size - side) // 2
+    mask[offset : offset + side, offset : offset + side] = 1
+    return mask
+
+
+def test_the_blend_is_costed_by_its_regions_area_not_its_hole_count():
+    huge, tiny = _one_square_hole(200, 150), _one_square_hole(200, 4)
+    # One region each: the hole's box after the blend's 1-pixel dilation, plus BLEND_MARGIN on every side.
+    assert blend_pixels(huge > 0.5) == (150 + 2 + 2 * BLEND_MARGIN) ** 2
+    assert blend_pixels(tiny > 0.5) == (4 + 2 + 2 * BLEND_MARGIN) ** 2
+    labels, boxes = blend_regions(huge > 0.5)
+    assert labels is not None and boxes == [(24, 24, 152, 152)]  # (x, y, w, h), what poisson_blend solves
+    costs = {
+        name: estimate_cost(mask, "full", 32, 4, blend="poisson") for name, mask in (("huge", huge), ("tiny", tiny))
+    }
+    assert costs["huge"].holes == costs["tiny"].holes == 1
+    assert [costs[name].blend_pixels for name in ("huge", "tiny")] == [168**2, 22**2]  # the same holes, 58x apart
+    assert estimate_cost(huge, "full", 32, 4, blend="none").blend_pixels == 0  # nothing blended, nothing charged
+    limit = 10 * costs["tiny"].blend_pixels
+    assert check_cost(costs["tiny"], max_blend_pixels=limit) is costs["tiny"]
+    with pytest.raises(SizeLimitError, match=rf"--max-blend-pixels \({limit}\)"):
+        check_cost(costs["huge"], max_blend_pixels=limit)
+    # Many tiny holes still add up: each region is at least (2 BLEND_MARGIN + 1)^2.
+    many = np.zeros((200, 200), np.float32)
+    many[4::20, 4::20] = 1  # 100 one-pixel holes, 20 px apart: 100 regions
+    assert blend_pixels(many > 0.5) == 100 * (1 + 2 + 2 * BLEND_MARGIN) ** 2
+
+
+def test_a_request_with_one_huge_hole_to_blend_is_refused_before_the_model(inpainter: Inpainter):  # noqa: F811
+    image = encode(textured_rgb(96, 96))
+
+    def body(box: bytes, blend: bytes) -> tuple[bytes, str]:
+        return multipart(
+            [("image", "i.png", image), ("boxes", None, box), ("strategy", None, b"full"), ("blend", None, blend)]
+        )
+
+    settings = ServeSettings(max_blend_pixels=2000)  # a 4 x 4 hole blends over 22 x 22 = 484 pixels
+    with running_server(build_app(inpainter, settings)) as (url, _):
+        wait_ready(url)
+        for box, blend, status in [
+            (b"8,8,80,80", b"poisson", 413),  # one huge hole: 98 x 98 = 9604 blend pixels
+            (b"40,40,4,4", b"poisson", 200),  # one tiny hole
+            (b"8,8,80,80", b"none", 200),  # the huge hole, not blended: nothing charged
+        ]:
+            before = health(url)["images"]
+            content, kind = body(box, blend)
+            response = httpx.post(url + "/v1/inpaint", content=content, headers={"content-type": kind}, timeout=60)
+            assert response.status_code == status, (box, blend, response.text)
+            if status == 413:
+                error = response.json()["error"]
+                assert "--max-blend-pixels (2000)" in error and "9604 pixels" in error, error
+                assert health(url)["images"] == before  # refused before the model ran
+        assert get_json(url + "/v1/model")[1]["limits"]["max_blend_pixels"] == 2000
 
 
 def _quadratic_windows(mask: np.ndarray, train_size: int, margin: int) -> list[Window]:
@@ -363,6 +404,7 @@ def test_cost_estimate_follows_the_plan():
     assert crop.model_pixels == sum(w.height * w.width for w in windows)  # multiples of 4 already
     full = estimate_cost(mask, "full", 32, 4)
     assert full.windows == 1 and full.model_pixels == 300 * 400 and full.peak_bytes > crop.peak_bytes
+    assert full.holes == 3 and full.describe().startswith("3 holes, 1 model windows")  # counted with no limit too
     with pytest.raises(SizeLimitError, match="available memory"):
         check_cost(full, max_bytes=full.peak_bytes - 1)
     assert check_cost(full, max_bytes=full.peak_bytes) is full
@@ -372,29 +414,11 @@ def test_cost_estimate_follows_the_plan():
 # ----------------------------------------------------------------------------- shutdown
 
 
-def _start(args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gantool", "serve", "--port", "0", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    assert process.stdout is not None
-    for line in process.stdout:
-        match = URL_LINE.search(line)
-        if match:
-            return process, match.group(1)
-    raise AssertionError(f"no URL: {process.stderr.read() if process.stderr else ''}")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_stops_cleanly_with_its_exit_status(exported_model, subprocess_env, sig, code):  # noqa: F811
-    process, url = _start(
-        ["--model", str(exported_model.folder), "--provider", "cpu", "--read-timeout", "30"], subprocess_env
-    )
-    try:
+    args = ["--model", str(exported_model.folder), "--provider", "cpu", "--read-timeout", "30"]
+    with serve_process(args, subprocess_env) as (url, _, process):
         wait_ready(url)
         body, kind = upload()
         uploading = raw_post(url, body, kind, send=10)  # a slow upload in progress
@@ -405,10 +429,6 @@ def test_a_signal_stops_cleanly_with_its_exit_status(exported_model, subprocess_
         assert status == 503 and "shutting down" in json.loads(answer)["error"]
         assert process.wait(20) == code
         assert time.monotonic() - started < 10  # did not wait for the slow uploader
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
     stderr = process.stderr.read() if process.stderr else ""
     assert "Traceback" not in stderr and "Aborted" not in stderr, stderr
     assert f"{sig.name}: stopping" in stderr and stderr.rstrip().endswith("stopped")
@@ -416,12 +436,9 @@ def test_a_signal_stops_cleanly_with_its_exit_status(exported_model, subprocess_
 
 @pytest.mark.slow
 def test_a_second_signal_exits_at_once(exported_model, subprocess_env):  # noqa: F811
-    process, url = _start(
-        ["--model", str(exported_model.folder), "--provider", "cpu", "--shutdown-timeout", "60",
-         "--max-model-pixels", "20000000"],  # the 2048 px request below must run, not be refused (413)
-        subprocess_env,
-    )  # fmt: skip
-    try:
+    args = ["--model", str(exported_model.folder), "--provider", "cpu", "--shutdown-timeout", "60"]
+    args += ["--max-model-pixels", "20000000"]  # the 2048 px request below must run, not be refused (413)
+    with serve_process(args, subprocess_env) as (url, _, process):
         wait_ready(url)
         # A big full-image request keeps the model busy while the signals come.
         image = encode(textured_rgb(2048, 2048))
@@ -449,10 +466,6 @@ def test_a_second_signal_exits_at_once(exported_model, subprocess_env):  # noqa:
         assert leftover == b"" or leftover.startswith(b"HTTP/1.1 200") or (
             leftover.startswith(b"HTTP/1.1 503") and b'{"error":' in leftover
         ), leftover[:200]
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
     stderr = process.stderr.read() if process.stderr else ""
     assert "Traceback" not in stderr and "again, exiting now" in stderr, stderr
 

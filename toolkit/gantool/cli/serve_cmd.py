@@ -18,6 +18,7 @@ from gantool.cli.options import (
 )
 from gantool.core.constants import (
     DEFAULT_SERVE_HOST,
+    DEFAULT_SERVE_MAX_BLEND_PIXELS,
     DEFAULT_SERVE_MAX_HEADER_KB,
     DEFAULT_SERVE_MAX_HOLES,
     DEFAULT_SERVE_MAX_MODEL_PIXELS,
@@ -103,6 +104,14 @@ def missing_serve_packages() -> list[str]:
     help="Separate holes one request may have, checked before the model runs (413).",
 )
 @click.option(
+    "--max-blend-pixels",
+    type=click.IntRange(min=1),
+    default=DEFAULT_SERVE_MAX_BLEND_PIXELS,
+    show_default=True,
+    help="Pixels the Poisson blend of one request may solve over (each hole's box plus a margin), "
+    "checked before the model runs (413).",
+)
+@click.option(
     "--read-timeout",
     type=click.FloatRange(min=0, min_open=True),
     default=DEFAULT_SERVE_READ_TIMEOUT,
@@ -166,6 +175,7 @@ def serve(
     max_pixels: int,
     max_model_pixels: int,
     max_holes: int,
+    max_blend_pixels: int,
     read_timeout: float,
     min_upload_rate_kb: float,
     max_header_kb: int,
@@ -203,16 +213,11 @@ def serve(
         shutdown_timeout=shutdown_timeout,
         max_model_pixels=max_model_pixels,
         max_holes=max_holes,
+        max_blend_pixels=max_blend_pixels,
         allowed_hosts=allowed_hosts or default_allowed_hosts(host),
     )
     inpainter = Inpainter(
-        model,
-        provider,
-        backend,
-        precision=precision,
-        strategy=strategy,
-        batch_size=max_batch,
-        blend=blend,
+        model, provider, backend, precision=precision, strategy=strategy, batch_size=max_batch, blend=blend
     )
     runner = inpainter.backend
     sock = bind_socket(host, port)

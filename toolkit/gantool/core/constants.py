@@ -101,9 +101,12 @@ DEFAULT_SERVE_MAX_HEADER_KB = 64
 # First SIGINT/SIGTERM: in-flight requests get this long to finish; a second signal exits at once.
 DEFAULT_SERVE_SHUTDOWN_TIMEOUT = 5.0
 # Per request, checked from the hole mask before the model runs (gantool.inference.cost): pixels
-# through the model (all windows), and hole components (each is one window and one blend).
+# through the model (all windows), hole components (each is one window and one blend), and
+# pixels the Poisson blend solves over (each hole's box plus its margin: its time follows that
+# area, about 5-10 us per pixel on a loaded 2-core machine, docs/serving.md).
 DEFAULT_SERVE_MAX_MODEL_PIXELS = 4_000_000
 DEFAULT_SERVE_MAX_HOLES = 500
+DEFAULT_SERVE_MAX_BLEND_PIXELS = 4_000_000
 # ``gantool inpaint --ray``: the run's JSON-lines record, in the output folder unless --manifest says.
 RAY_MANIFEST_NAME = "gantool-manifest.jsonl"
 # --ray-address: seconds to reach and join the cluster before failing in one line.

@@ -444,8 +444,8 @@ BLEND_MIN_KNOWN_FRACTION = 0.01
 # The hole is dilated by this many pixels before cloning, so the solve's boundary lies on known pixels.
 BLEND_DILATION = 1
 OPENCV_MISSING = (
-    "OpenCV is missing (gantool needs it for --blend poisson and the eval baselines): "
-    "pip install opencv-python-headless, or use --blend none"
+    "OpenCV is missing (a core dependency: gantool finds the holes, blends and scores with it): "
+    "pip install opencv-python-headless"
 )
 _LOGGED_ONCE: set[str] = set()
 
@@ -458,10 +458,12 @@ def _log_once(message: str) -> None:
 
 
 def check_blend(blend: str) -> str:
-    """``blend`` if it is one of BLEND_MODES and can run here (OpenCV for "poisson"); else InputError."""
+    """``blend`` if it is one of BLEND_MODES and inpainting can run here; else InputError.
+
+    OpenCV is checked for every mode, "none" too: it also finds the holes (crop windows,
+    the cost estimate), so a broken install fails before any work, not on every file."""
     check_choice("blend mode", blend, BLEND_MODES)
-    if blend == "poisson":
-        import_cv2()  # fail before any work, not on every file
+    import_cv2()
     return blend
 
 
@@ -479,6 +481,29 @@ def blend_output(image: np.ndarray, filled: np.ndarray, mask: np.ndarray, blend:
     if check_blend(blend) == "none":
         return filled
     return poisson_blend(image, filled, mask)
+
+
+def blend_regions(hole: np.ndarray) -> tuple[np.ndarray | None, list[tuple[int, int, int, int]]]:
+    """What :func:`poisson_blend` solves for the boolean H x W ``hole``: the labels of the hole's
+    8-connected components after a 3 x 3 dilation, and each label's box (x, y, w, h), label 1
+    first. Each is solved over its box plus BLEND_MARGIN on every side, so the blend's cost
+    follows those areas (:func:`blend_pixels`). ``(None, [])``: nothing to solve (no hole, or
+    fewer known pixels than BLEND_MIN_KNOWN_FRACTION: the network's output is kept)."""
+    if not hole.any() or 1.0 - hole.mean() < BLEND_MIN_KNOWN_FRACTION:
+        return None, []
+    cv2 = import_cv2()
+    side = 2 * BLEND_DILATION + 1
+    dilated = cv2.dilate(hole.astype(np.uint8), np.ones((side, side), np.uint8))
+    count, labels, stats, _ = cv2.connectedComponentsWithStats(dilated, connectivity=8)
+    return labels, [(int(x), int(y), int(w), int(h)) for x, y, w, h, _ in stats[1:count]]
+
+
+def blend_pixels(hole: np.ndarray) -> int:
+    """Pixels the Poisson blend works on for the boolean H x W ``hole``: every solve's region,
+    (h + 2 BLEND_MARGIN) x (w + 2 BLEND_MARGIN) as :func:`poisson_blend` pads it. One huge hole
+    counts its whole box; many tiny holes count at least (2 BLEND_MARGIN + 1)^2 each."""
+    _, boxes = blend_regions(hole)
+    return sum((w + 2 * BLEND_MARGIN) * (h + 2 * BLEND_MARGIN) for _, _, w, h in boxes)
 
 
 def poisson_blend(image: np.ndarray, filled: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -510,7 +535,8 @@ def poisson_blend(image: np.ndarray, filled: np.ndarray, mask: np.ndarray) -> np
     result = np.array(image, dtype=np.float32, copy=True)
     if not hole.any():
         return result
-    if 1.0 - hole.mean() < BLEND_MIN_KNOWN_FRACTION:
+    labels, boxes = blend_regions(hole)
+    if labels is None:
         _log_once(
             f"blend: the hole covers more than {1 - BLEND_MIN_KNOWN_FRACTION:.0%} of the image, so there is "
             "nothing to blend onto; such holes get the network's output unblended"
@@ -520,12 +546,8 @@ def poisson_blend(image: np.ndarray, filled: np.ndarray, mask: np.ndarray) -> np
     cv2 = import_cv2()
     height, width = hole.shape
     hole_u8 = hole.astype(np.uint8)
-    side = 2 * BLEND_DILATION + 1
-    dilated = cv2.dilate(hole_u8, np.ones((side, side), np.uint8))
-    count, labels, stats, _ = cv2.connectedComponentsWithStats(dilated, connectivity=8)
     m = BLEND_MARGIN
-    for label in range(1, count):
-        x, y, w, h = (int(v) for v in stats[label, :4])
+    for label, (x, y, w, h) in enumerate(boxes, start=1):
         top, left, bottom, right = max(0, y - m), max(0, x - m), min(height, y + h + m), min(width, x + w + m)
         rows, cols = slice(top, bottom), slice(left, right)
         # Pad only where the region was clipped by the border: every region is then

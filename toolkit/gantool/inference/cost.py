@@ -1,9 +1,9 @@
-"""What one request costs before the model runs: pixels, windows, holes, peak memory.
+"""What one request costs before the model runs: pixels, windows, holes, blending, peak memory.
 
 One estimate for every caller: ``gantool serve`` refuses a request over its limits
-(``--max-model-pixels``, ``--max-holes``) before queueing it, and ``gantool inpaint``
-refuses an image whose estimate exceeds the memory this machine has available,
-with a message instead of the kernel's OOM killer.
+(``--max-model-pixels``, ``--max-holes``, ``--max-blend-pixels``) before queueing it, and
+``gantool inpaint`` refuses an image whose estimate exceeds the memory this machine has
+available, with a message instead of the kernel's OOM killer.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gantool.core.errors import InputError, SizeLimitError
-from gantool.core.processing import import_cv2, padding_for
+from gantool.core.errors import SizeLimitError
+from gantool.core.processing import blend_pixels, import_cv2, padding_for
 from gantool.inference.inpainter import plan_windows
 
 # Peak bytes per pixel the model holds while it runs (activations and the runtime's arena):
@@ -40,11 +40,14 @@ class Cost:
     model_pixels: int  # padded pixels through the model, all windows together
     largest_window_pixels: int
     peak_bytes: int  # this image's peak, with ``batch`` of its largest windows at once
+    # Pixels the Poisson blend solves over (each hole's box plus the blend's margin; 0 for
+    # blend "none"): its time follows this area, not the number of holes.
+    blend_pixels: int = 0
 
     def describe(self) -> str:
         return (
-            f"{self.holes if self.holes >= 0 else 'uncounted'} holes, {self.windows} model windows, {self.model_pixels} model pixels, "
-            f"about {self.peak_bytes / 2**30:.1f} GiB"
+            f"{self.holes} holes, {self.windows} model windows, {self.model_pixels} model pixels, "
+            f"{self.blend_pixels} blend pixels, about {self.peak_bytes / 2**30:.1f} GiB"
         )
 
 
@@ -65,25 +68,23 @@ def estimate_cost(
     crop_margin: int | None = None,
     batch: int = 1,
     max_holes: int | None = None,
+    blend: str = "none",
 ) -> Cost:
-    """The cost of inpainting an image with hole ``mask`` (H x W) by ``strategy``.
+    """The cost of inpainting an image with hole ``mask`` (H x W) by ``strategy``, then
+    post-processing it by ``blend``.
 
     The windows are planned as :func:`gantool.inference.inpainter.plan_windows` plans them
     (near-linear in the hole count), so this is cheap next to the model. With
-    ``max_holes``, more holes raise :class:`SizeLimitError` before any planning.
+    ``max_holes``, more holes raise :class:`SizeLimitError` before any planning. For
+    ``blend`` "poisson" the blend's area comes from :func:`gantool.core.processing.blend_regions`,
+    the regions the blend solves (``gantool inpaint`` leaves it at "none": no limit there reads it,
+    and finding those regions costs a pass over the mask).
     """
     height, width = mask.shape
-    if max_holes is not None:
-        holes = count_holes(mask)
-    else:
-        # Counted with OpenCV; --blend none with the full strategy runs without it, so a missing
-        # OpenCV must not stop an estimate that no limit reads (-1: not counted).
-        try:
-            holes = count_holes(mask)
-        except InputError:
-            holes = -1
+    holes = count_holes(mask)
     if max_holes is not None:
         check_cost(Cost(height * width, holes, 0, 0, 0, 0), max_holes=max_holes)
+    blended = blend_pixels(np.asarray(mask) > 0.5) if blend == "poisson" else 0
     windows = plan_windows(mask, strategy, train_size, crop_margin)
     sizes = []
     for window in windows:
@@ -96,7 +97,7 @@ def estimate_cost(
     peak = (
         height * width * IMAGE_BYTES_PER_PIXEL + at_once * MODEL_BYTES_PER_PIXEL + model_pixels * WINDOW_BYTES_PER_PIXEL
     )
-    return Cost(height * width, holes, len(windows), model_pixels, largest, peak)
+    return Cost(height * width, holes, len(windows), model_pixels, largest, peak, blended)
 
 
 def check_cost(
@@ -105,11 +106,22 @@ def check_cost(
     max_model_pixels: int | None = None,
     max_holes: int | None = None,
     max_bytes: int | None = None,
-    names: tuple[str, str, str] = ("--max-model-pixels", "--max-holes", "the available memory"),
+    max_blend_pixels: int | None = None,
+    names: tuple[str, str, str, str] = (
+        "--max-model-pixels",
+        "--max-holes",
+        "the available memory",
+        "--max-blend-pixels",
+    ),
 ) -> Cost:
     """``cost`` if it is within the limits; else :class:`SizeLimitError` naming the limit."""
     if max_holes is not None and cost.holes > max_holes:
         raise SizeLimitError(f"the mask has {cost.holes} separate holes, over {names[1]} ({max_holes})")
+    if max_blend_pixels is not None and cost.blend_pixels > max_blend_pixels:
+        raise SizeLimitError(
+            f"blending these holes would solve over {cost.blend_pixels} pixels (their boxes plus a margin), "
+            f"over {names[3]} ({max_blend_pixels}); send blend=none, or smaller holes"
+        )
     if max_model_pixels is not None and cost.model_pixels > max_model_pixels:
         raise SizeLimitError(
             f"this request would run {cost.model_pixels} pixels through the model ({cost.windows} windows), "

@@ -263,6 +263,7 @@ def model_info(inpainter: Inpainter, settings: ServeSettings) -> dict[str, Any]:
             "max_pixels": settings.max_pixels,
             "max_model_pixels": settings.max_model_pixels,
             "max_holes": settings.max_holes,
+            "max_blend_pixels": settings.max_blend_pixels,
             "max_batch": settings.max_batch,
             "batch_wait_ms": settings.batch_wait_ms,
             "max_queue": settings.max_queue,
@@ -350,11 +351,12 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
     app.state.settings = settings
     app.state.begin_shutdown = begin_shutdown
 
-    def plan(image: Image.Image, holes: np.ndarray, strategy: str) -> Cost:
+    def plan(image: Image.Image, holes: np.ndarray, strategy: str, blend: str) -> Cost:
         cost = estimate_cost(
-            holes, strategy, backend.train_size, backend.size_multiple, inpainter.crop_margin, 1, settings.max_holes
-        )
-        return check_cost(cost, max_model_pixels=settings.max_model_pixels)
+            holes, strategy, backend.train_size, backend.size_multiple, inpainter.crop_margin,
+            max_holes=settings.max_holes, blend=blend,
+        )  # fmt: skip
+        return check_cost(cost, max_model_pixels=settings.max_model_pixels, max_blend_pixels=settings.max_blend_pixels)
 
     @app.post(
         INPAINT_PATH,
@@ -385,7 +387,7 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
             )
         finally:
             await form.close()
-        cost = await run_in_threadpool(plan, decoded, holes, strategy)
+        cost = await run_in_threadpool(plan, decoded, holes, strategy, blend)
         future = batcher.submit(decoded, holes, strategy, cost.model_pixels)
         waiting: asyncio.Future[Any] = asyncio.wrap_future(future)
         left: asyncio.Future[Any] = asyncio.ensure_future(_client_left(request))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from gantool.core.constants import (
     DEFAULT_SERVE_BATCH_WAIT_MS,
     DEFAULT_SERVE_MAX_BATCH,
+    DEFAULT_SERVE_MAX_BLEND_PIXELS,
     DEFAULT_SERVE_MAX_HEADER_KB,
     DEFAULT_SERVE_MAX_HOLES,
     DEFAULT_SERVE_MAX_MODEL_PIXELS,
@@ -77,6 +78,7 @@ class ServeSettings:
     shutdown_timeout: float = DEFAULT_SERVE_SHUTDOWN_TIMEOUT
     max_model_pixels: int = DEFAULT_SERVE_MAX_MODEL_PIXELS
     max_holes: int = DEFAULT_SERVE_MAX_HOLES
+    max_blend_pixels: int = DEFAULT_SERVE_MAX_BLEND_PIXELS
     allowed_hosts: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -86,8 +88,10 @@ class ServeSettings:
             raise InputError("--batch-wait-ms must be >= 0, --max-upload-mb and --max-pixels positive")
         if self.read_timeout <= 0 or self.min_upload_rate_kb <= 0 or self.max_header_kb < 1:
             raise InputError("--read-timeout, --min-upload-rate-kb and --max-header-kb must be positive")
-        if self.shutdown_timeout < 0 or self.max_model_pixels < 1 or self.max_holes < 1:
-            raise InputError("--shutdown-timeout must be >= 0, --max-model-pixels and --max-holes positive")
+        if self.shutdown_timeout < 0 or min(self.max_model_pixels, self.max_holes, self.max_blend_pixels) < 1:
+            raise InputError(
+                "--shutdown-timeout must be >= 0, --max-model-pixels, --max-holes and --max-blend-pixels positive"
+            )
         check_choice("strategy", self.strategy, STRATEGIES)
         check_api_key(self.api_key)
 
