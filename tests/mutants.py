@@ -710,7 +710,6 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "serve_departed_client_computed",
-    "serve_blend_limit_unchecked",
         "serving/app.py",
         "            future.cancel()\n            waiting.cancel()",
         "            waiting.cancel()",
