@@ -762,6 +762,16 @@ MUTANTS: list[Mutant] = [
         why="ONNX Runtime's CPU arena keeps the biggest request's activations: the server stays hundreds of MB larger",
     ),
     Mutant(
+        "serve_worker_keeps_last_batch",
+        "serving/batcher.py",
+        "            self._run(batch)\n"
+        "            # Not kept while the next _collect waits: the batch holds its images and the model's output.\n"
+        "            del batch",
+        "            self._run(batch)",
+        (f"{MEMORY}::test_the_model_thread_keeps_no_answered_request_alive",),
+        why="the last request's image and model output stay alive until the next request: never trimmed",
+    ),
+    Mutant(
         "serve_heap_not_trimmed_after_large_request",
         "serving/app.py",
         "background=BackgroundTask(trim_heap) if large else None",

@@ -7,6 +7,7 @@ at least ``--release-memory-pixels``. Numbers and the bound: docs/serving.md ("M
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -18,13 +19,23 @@ import pytest
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed")
 
+from gantool import Inpainter
 from gantool.core.constants import DEFAULT_SERVE_RELEASE_MEMORY_PIXELS
 from gantool.core.errors import InputError
 from gantool.runtime.backends import OnnxBackend
 from gantool.runtime.memory import trim_heap
+from gantool.serving import batcher as batcher_module
+from gantool.serving.app import build_app
 from gantool.serving.settings import ServeSettings
 from inpaint_helpers import exported_model, textured_rgb  # noqa: F401 (fixture)
-from serve_helpers import encode, multipart, serve_process, wait_ready
+from serve_helpers import (
+    encode,
+    inpainter,  # noqa: F401 (fixture)
+    live_server,
+    multipart,
+    serve_process,
+    wait_ready,
+)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/status")
 
@@ -120,6 +131,22 @@ def test_release_settings_and_trim():
     assert ServeSettings(release_memory_pixels=0).release_memory_pixels == 0
     with pytest.raises(InputError, match="--release-memory-pixels"):
         ServeSettings(release_memory_pixels=-1)
+
+
+def live_jobs() -> int:
+    return sum(type(o) is batcher_module._Job for o in gc.get_objects())  # type(): no __class__ lookups
+
+
+def test_the_model_thread_keeps_no_answered_request_alive(inpainter: Inpainter):  # noqa: F811
+    # The worker used to hold its last batch (images, masks, the model's output) until the next
+    # request arrived, so a large request's arrays outlived its answer and the heap trim.
+    with live_server(build_app(inpainter, ServeSettings())) as url:
+        wait_ready(url)
+        assert len(post(url, 64)) > 0
+        deadline = time.monotonic() + 5
+        while live_jobs() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert live_jobs() == 0
 
 
 @pytest.mark.slow
