@@ -58,6 +58,7 @@ STALE = "test_nothing_stale.py"
 INPUTS = "test_inpaint_inputs.py"
 RAYS = "test_ray_inpaint.py"
 HOSTILE = "test_serve_hostile.py"
+MEMORY = "test_serve_memory.py"
 
 MUTANTS: list[Mutant] = [
     # ---------------------------------------------------------------- loss targets and weights
@@ -745,6 +746,36 @@ MUTANTS: list[Mutant] = [
         "            if self.signal_received is None:\n                for sig, handler",
         "            if True:\n                for sig, handler",
         (f"{HOSTILE}::test_a_second_signal_exits_at_once",),
+        ci=False,
+    ),
+    Mutant(
+        "serve_arena_not_shrunk",
+        "runtime/backends.py",
+        '        out = run_releasing_arena(self.session, feeds, "inpainted", (image.shape[0], 3, *image.shape[2:]))\n'
+        "        return out.astype(np.float32, copy=False)",
+        "        return self._run(image, mask)",
+        (
+            f"{MEMORY}::test_a_releasing_run_gives_the_same_pixels_and_returns_the_arena",
+            f"{MEMORY}::test_a_large_request_gives_its_memory_back",
+        ),
+        why="ONNX Runtime's CPU arena keeps the biggest request's activations: the server stays hundreds of MB larger",
+    ),
+    Mutant(
+        "serve_worker_keeps_last_batch",
+        "serving/batcher.py",
+        "            self._run(batch)\n"
+        "            # Not kept while the next _collect waits: the batch holds its images and the model's output.\n"
+        "            del batch",
+        "            self._run(batch)",
+        (f"{MEMORY}::test_the_model_thread_keeps_no_answered_request_alive",),
+        why="the last request's image and model output stay alive until the next request: never trimmed",
+    ),
+    Mutant(
+        "serve_heap_not_trimmed_after_large_request",
+        "serving/app.py",
+        "background=BackgroundTask(trim_heap) if large else None",
+        "background=None",
+        (f"{MEMORY}::test_a_large_request_gives_its_memory_back",),
         ci=False,
     ),
     Mutant(

@@ -28,6 +28,7 @@ from gantool.core.constants import (
     DEFAULT_SERVE_MIN_UPLOAD_RATE_KB,
     DEFAULT_SERVE_PORT,
     DEFAULT_SERVE_READ_TIMEOUT,
+    DEFAULT_SERVE_RELEASE_MEMORY_PIXELS,
     DEFAULT_SERVE_SHUTDOWN_TIMEOUT,
 )
 
@@ -112,6 +113,14 @@ def missing_serve_packages() -> list[str]:
     "checked before the model runs (413).",
 )
 @click.option(
+    "--release-memory-pixels",
+    type=click.IntRange(min=0),
+    default=DEFAULT_SERVE_RELEASE_MEMORY_PIXELS,
+    show_default=True,
+    help="After a request or model run of at least this many pixels, give its memory back to the system "
+    "(ONNX Runtime's CPU arena, the C heap); 0: never.",
+)
+@click.option(
     "--read-timeout",
     type=click.FloatRange(min=0, min_open=True),
     default=DEFAULT_SERVE_READ_TIMEOUT,
@@ -176,6 +185,7 @@ def serve(
     max_model_pixels: int,
     max_holes: int,
     max_blend_pixels: int,
+    release_memory_pixels: int,
     read_timeout: float,
     min_upload_rate_kb: float,
     max_header_kb: int,
@@ -214,6 +224,7 @@ def serve(
         max_model_pixels=max_model_pixels,
         max_holes=max_holes,
         max_blend_pixels=max_blend_pixels,
+        release_memory_pixels=release_memory_pixels,
         allowed_hosts=allowed_hosts or default_allowed_hosts(host),
     )
     inpainter = Inpainter(

@@ -107,6 +107,11 @@ DEFAULT_SERVE_SHUTDOWN_TIMEOUT = 5.0
 DEFAULT_SERVE_MAX_MODEL_PIXELS = 4_000_000
 DEFAULT_SERVE_MAX_HOLES = 500
 DEFAULT_SERVE_MAX_BLEND_PIXELS = 4_000_000
+# After a model run over at least this many pixels (N x H x W), the server hands the memory it
+# needed back to the system (ONNX Runtime's CPU arena shrunk, glibc's heap trimmed); smaller runs
+# keep it for reuse. Releasing made runs of the tiny test model about 10% slower (7-13%, 128-2000 px,
+# docs/serving.md), so it is kept for runs whose memory is worth giving back. 0: never.
+DEFAULT_SERVE_RELEASE_MEMORY_PIXELS = 1_000_000
 # ``gantool inpaint --ray``: the run's JSON-lines record, in the output folder unless --manifest says.
 RAY_MANIFEST_NAME = "gantool-manifest.jsonl"
 # --ray-address: seconds to reach and join the cluster before failing in one line.

@@ -64,12 +64,14 @@ from gantool.core.constants import BACKEND_CHOICES, PRECISION_BACKENDS, PRECISIO
 from gantool.core.errors import InputError, ModelError, ProviderError, check_choice, first_line
 from gantool.runtime import openvino
 from gantool.runtime.choice import auto_openvino, preferred_precision
+from gantool.runtime.memory import trim_heap
 from gantool.runtime.providers import (
     OpenedSession,
     check_provider,
     cpu_isa_flags,
     cuda_device_visible,
     open_session,
+    run_releasing_arena,
     torch_device,
 )
 from gantool.runtime.weights import onnx_initializers, refuse_non_finite
@@ -82,6 +84,9 @@ class Backend:
 
     name = "backend"
     precision_note = "as requested"  # why this precision runs (set by load_backend for --precision auto)
+    # After a run over at least this many pixels (N x H x W), give the memory it needed back to the
+    # system (:meth:`_run_releasing`, then glibc's heap trimmed). 0: never (the CLI); the server sets it.
+    release_memory_pixels = 0
 
     def __init__(self, path: Path, metadata: dict[str, str], provider: str, provider_note: str) -> None:
         self.path = path
@@ -109,8 +114,10 @@ class Backend:
         :func:`gantool.core.processing.pad_to_multiple`). Returns N x 3 x H x W float32.
         """
         image, mask = self._check_inputs(image, mask)
+        n, _, height, width = image.shape
+        release = 0 < self.release_memory_pixels <= n * height * width
         try:
-            out = self._run(image, mask)
+            out = self._run_releasing(image, mask) if release else self._run(image, mask)
         except MemoryError:
             raise ModelError(f"out of memory running {image.shape[0]}x{image.shape[2]}x{image.shape[3]}") from None
         except Exception as e:  # backend libraries raise their own types; report one line
@@ -122,6 +129,8 @@ class Backend:
                 f"the model produced NaN/Inf: {int(out.size - finite.sum())} of {out.size} output values "
                 f"are not finite ({self.path.name}, {self.name} on {self.provider})"
             )
+        if release:
+            trim_heap()
         return out
 
     def _check_inputs(self, image: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -140,6 +149,10 @@ class Backend:
 
     def _run(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
         raise NotImplementedError
+
+    def _run_releasing(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """:meth:`_run`, then free what the runtime keeps for reuse (where it can be asked to)."""
+        return self._run(image, mask)
 
     def describe(self) -> str:
         return f"{self.name} on {self.provider}"
@@ -226,6 +239,14 @@ class OnnxBackend(Backend):
         binding.bind_output("inpainted", "cuda")  # stays on the device until the one copy back
         self.session.run_with_iobinding(binding)
         return binding.copy_outputs_to_cpu()[0].astype(np.float32, copy=False)
+
+    def _run_releasing(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        if self.on_gpu:  # the CUDA arena is left as it is (device memory, reused by the next run)
+            return self._run(image, mask)
+        dtype = self._input_dtype
+        feeds = {"image": image.astype(dtype, copy=False), "mask": mask.astype(dtype, copy=False)}
+        out = run_releasing_arena(self.session, feeds, "inpainted", (image.shape[0], 3, *image.shape[2:]))
+        return out.astype(np.float32, copy=False)
 
 
 def bf16_refusal(device: Any) -> str:

@@ -211,6 +211,34 @@ def _gpu_failed(ort: Any, source: str | bytes, provider: str, wanted: str, cause
     return OpenedSession(_new_session(ort, source, [cpu]), cpu, f"CUDA did not load ({cause}); running on the CPU")
 
 
+# RunOptions config key (onnxruntime_run_options_config_keys.h): at the end of the run, free the
+# listed arenas' regions that are not in use. Needs the CPU arena on (SessionOptions' default).
+ARENA_SHRINKAGE_KEY = "memory.enable_memory_arena_shrinkage"
+_NUMPY_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16"}
+
+
+def run_releasing_arena(session: Any, feeds: dict[str, Any], output: str, shape: tuple[int, ...]) -> Any:
+    """Run a CPU ``session`` and then shrink its CPU memory arena; returns ``output`` (numpy).
+
+    The output is written into an array of ``shape`` that numpy owns (IO binding): an output
+    that ONNX Runtime allocates lives in its arena and would keep that region in use, so the
+    shrink at the end of the run could not free it.
+    """
+    import numpy as np
+    import onnxruntime as ort  # delayed: heavy import
+
+    kinds = {o.name: o.type for o in session.get_outputs()}
+    result = np.empty(shape, dtype=_NUMPY_DTYPES.get(kinds.get(output, ""), "float32"))
+    binding = session.io_binding()
+    for name, array in feeds.items():
+        binding.bind_cpu_input(name, array)
+    binding.bind_ortvalue_output(output, ort.OrtValue.ortvalue_from_numpy(result))
+    options = ort.RunOptions()
+    options.add_run_config_entry(ARENA_SHRINKAGE_KEY, "cpu:0")
+    session.run_with_iobinding(binding, options)
+    return result
+
+
 def try_provider(model: str | Path | bytes, name: str) -> tuple[Any | None, list[str], str]:
     """Open ``model`` with the ONNX Runtime provider ``name`` (CPU as ORT's fallback behind it).
 

@@ -31,6 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from PIL import Image, features
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -49,6 +50,7 @@ from gantool.inference.inpainter import (
     load_mask,
     parse_box,
 )
+from gantool.runtime.memory import trim_heap
 from gantool.serving.batcher import Batcher, QueueFullError
 from gantool.serving.limits import Counters, Guard
 from gantool.serving.settings import INPAINT_PATH, ServeSettings
@@ -325,6 +327,7 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
     static = _static_files()
     info = model_info(inpainter, settings)
     backend = inpainter.backend
+    backend.release_memory_pixels = settings.release_memory_pixels  # the model's own runs
 
     def begin_shutdown() -> None:
         counters.draining = True
@@ -405,7 +408,11 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
         fills = waiting.result()
         # Blending and encoding run here, beside the model thread's next batch.
         body = await run_in_threadpool(finish_and_encode, decoded, holes, fills, blend, output_format)
-        return Response(body, media_type=MEDIA_TYPES[output_format])
+        # A large request: once it is answered (and its arrays freed), the C heap goes back to the system.
+        large = 0 < settings.release_memory_pixels <= max(decoded.width * decoded.height, cost.model_pixels)
+        return Response(
+            body, media_type=MEDIA_TYPES[output_format], background=BackgroundTask(trim_heap) if large else None
+        )
 
     @app.get("/v1/model", summary="The model that runs")
     async def get_model() -> dict[str, Any]:

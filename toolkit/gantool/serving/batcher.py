@@ -174,8 +174,13 @@ class Batcher:
 
     def _work(self) -> None:
         self._warm_up()
-        while (batch := self._collect()) is not None:
+        while True:
+            batch = self._collect()
+            if batch is None:
+                break
             self._run(batch)
+            # Not kept while the next _collect waits: the batch holds its images and the model's output.
+            del batch
         while True:  # stopped: fail whatever still waits
             try:
                 job = self._take(0)

@@ -17,6 +17,7 @@ from gantool.core.constants import (
     DEFAULT_SERVE_MAX_UPLOAD_MB,
     DEFAULT_SERVE_MIN_UPLOAD_RATE_KB,
     DEFAULT_SERVE_READ_TIMEOUT,
+    DEFAULT_SERVE_RELEASE_MEMORY_PIXELS,
     DEFAULT_SERVE_SHUTDOWN_TIMEOUT,
     DEFAULT_STRATEGY,
     STRATEGIES,
@@ -79,6 +80,7 @@ class ServeSettings:
     max_model_pixels: int = DEFAULT_SERVE_MAX_MODEL_PIXELS
     max_holes: int = DEFAULT_SERVE_MAX_HOLES
     max_blend_pixels: int = DEFAULT_SERVE_MAX_BLEND_PIXELS
+    release_memory_pixels: int = DEFAULT_SERVE_RELEASE_MEMORY_PIXELS
     allowed_hosts: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -92,6 +94,8 @@ class ServeSettings:
             raise InputError(
                 "--shutdown-timeout must be >= 0, --max-model-pixels, --max-holes and --max-blend-pixels positive"
             )
+        if self.release_memory_pixels < 0:
+            raise InputError("--release-memory-pixels must be >= 0 (0: never)")
         check_choice("strategy", self.strategy, STRATEGIES)
         check_api_key(self.api_key)
 
