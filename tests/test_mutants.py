@@ -26,3 +26,20 @@ def test_a_red_baseline_names_its_failing_tests(tmp_path):
     assert "fix them first" in done.stderr
     assert "FAILED tests/test_oracles.py::test_discriminator_loss_is_alpha_times_half_the_bce_sum" in done.stderr
     assert "caught" not in done.stdout and "survived" not in done.stdout  # no mutant ran on a red baseline
+
+
+def test_every_mutant_is_well_formed_and_its_snippet_and_tests_exist():
+    """All mutants, not only CI's selection: a merge once shifted one mutant's fields by a line, and
+    nothing noticed because that mutant is left out of ``--ci``."""
+    sys.path.insert(0, str(REPO / "tests"))
+    try:
+        import mutants
+    finally:
+        sys.path.remove(str(REPO / "tests"))
+    chosen = mutants.select(None, ci=False)
+    mutants.check_snippets(REPO, chosen)  # raises ListError naming the mutant
+    for m in chosen:
+        assert all(isinstance(v, str) for v in (m.name, m.file, m.old, m.new)), m.name
+        assert m.tests and all(isinstance(t, str) for t in m.tests), m.name
+        for node in m.tests:
+            assert (REPO / "tests" / node.split("::")[0]).is_file(), f"{m.name}: {node}"
