@@ -94,14 +94,18 @@ def aoti_constants(path: Path, device: str) -> Iterator[dict[str, Any]]:
                 (Path(tmp) / relative).parent.mkdir(parents=True, exist_ok=True)
                 (Path(tmp) / relative).write_bytes(archive.read(name))
         library = str(Path(tmp) / libraries[0][len(folder) :])
-        if device == "cuda":
-            runner: Any = torch._C._aoti.AOTIModelContainerRunnerCuda(library, 1, "cuda", tmp)
-        else:
-            runner = torch._C._aoti.AOTIModelContainerRunnerCpu(library, 1)
+        try:  # torch's own runner API (private, and as tied to the torch version as the package is)
+            if device == "cuda":
+                runner: Any = torch._C._aoti.AOTIModelContainerRunnerCuda(library, 1, "cuda", tmp)
+            else:
+                runner = torch._C._aoti.AOTIModelContainerRunnerCpu(library, 1)
+            constants = dict(runner.extract_constants_map(False))
+        except Exception as e:  # AttributeError from another torch, RuntimeError from the runner
+            raise ModelError(f"{path}: cannot read the AOTInductor package's weights ({first_line(e)})") from None
         try:
-            yield dict(runner.extract_constants_map(False))
+            yield constants
         finally:
-            del runner  # before its library's folder goes
+            del constants, runner  # before its library's folder goes
 
 
 def file_non_finite_weights(path: Path, kind: str) -> str:
