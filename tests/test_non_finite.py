@@ -15,6 +15,7 @@ OVERFLOW_CASES) the run-time check is reached through a NaN input pixel instead.
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,10 +169,12 @@ def planted(case: Case, source: Source, folder: Path, how: str) -> tuple[Path, s
         torch.export.save(program, str(path), extra_files=extra)
     else:  # TorchScript
         extra = {TORCHSCRIPT_METADATA_ENTRY: ""}
-        module = torch.jit.load(str(original), _extra_files=extra)
-        name, weight = next((k, v) for k, v in module.named_parameters() if v.ndim == 4)
-        _plant_torch(weight, how)
-        torch.jit.save(module, str(path), _extra_files=extra)
+        with warnings.catch_warnings():  # local: TorchScript's deprecation notice
+            warnings.simplefilter("ignore", DeprecationWarning)
+            module = torch.jit.load(str(original), _extra_files=extra)
+            name, weight = next((k, v) for k, v in module.named_parameters() if v.ndim == 4)
+            _plant_torch(weight, how)
+            torch.jit.save(module, str(path), _extra_files=extra)
     return path, name
 
 
