@@ -55,6 +55,7 @@ LOOP = "test_training_loop.py"
 ATOMIC = "test_atomicity.py"
 PARITY = "test_parity.py"
 STALE = "test_nothing_stale.py"
+FINITE = "test_non_finite.py"
 INPUTS = "test_inpaint_inputs.py"
 RAYS = "test_ray_inpaint.py"
 HOSTILE = "test_serve_hostile.py"
@@ -264,9 +265,12 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "non_finite_output_written",
         "runtime/backends.py",
-        "        if not finite.all():  # never write holes filled with NaN/Inf garbage",
-        "        if False:  # never write holes filled with NaN/Inf garbage",
-        (f"{STALE}::test_a_model_that_produces_nan_fails_the_image_and_writes_nothing",),
+        '        refuse_non_finite_output(out, f"{self.path.name}, {self.name} on {self.provider}")',
+        "        pass",
+        (
+            f"{STALE}::test_a_model_that_produces_nan_fails_the_image_and_writes_nothing",
+            f"{FINITE}::test_finite_weights_that_make_nan_are_refused_when_the_model_runs[pt2]",
+        ),
     ),
     Mutant(
         "mixed_export_folder_accepted",
@@ -343,15 +347,40 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "onnx_non_finite_weights_run",
         "runtime/backends.py",
-        "        refuse_non_finite(model_file, onnx_initializers(model_file))",
-        "        pass",
+        "super().__init__(model_file, metadata, opened.provider, opened.note, weights=onnx_initializers(model_file))",
+        "super().__init__(model_file, metadata, opened.provider, opened.note, weights={})",
         (f"{STALE}::test_non_finite_weights_are_refused_by_every_backend[onnx]",),
+    ),
+    # ------------------------------------------ non-finite weights, every backend alike (issue #23 item 6, #24)
+    Mutant(
+        "openvino_non_finite_weights_run",
+        "runtime/backends.py",
+        'super().__init__(model_file, metadata, "CPU", note, weights=onnx_initializers(model_file))',
+        'super().__init__(model_file, metadata, "CPU", note, weights={})',
+        (f"{FINITE}::test_one_nan_weight_is_refused_at_load_by_every_backend[openvino]",),
+        why="OpenVINO ran a model with NaN weights (before: only ONNX Runtime's backend checked)",
+    ),
+    Mutant(
+        "aoti_non_finite_weights_run",
+        "runtime/backends.py",
+        "        with aoti_constants(path, device.type) as weights:",
+        "        with contextlib.nullcontext({}) as weights:",
+        (f"{FINITE}::test_aoti_package_with_a_nan_weight_is_refused_at_load",),
+        why="an AOTInductor package with a NaN constant ran (before: its weights were never read)",
+    ),
+    Mutant(
+        "backend_weights_not_checked",
+        "runtime/backends.py",
+        "        refuse_non_finite(path, weights)\n        self.path = path",
+        "        self.path = path",
+        (f"{FINITE}::test_one_nan_weight_is_refused_at_load_by_every_backend",),
+        why="the one check every backend's weights pass through",
     ),
     Mutant(
         "eager_non_finite_weights_run",
         "runtime/backends.py",
-        "        refuse_non_finite(path, generator.state_dict())",
-        "        pass",
+        "        weights = generator.state_dict()  # the trained weights",
+        "        weights = {}  # the trained weights",
         (f"{STALE}::test_non_finite_weights_are_refused_by_every_backend[eager]",),
     ),
     Mutant(
@@ -872,6 +901,9 @@ NOT_IN_CI = {
     "ctrl_c_exits_1",
     "onnx_non_finite_weights_run",
     "eager_non_finite_weights_run",
+    "openvino_non_finite_weights_run",
+    "aoti_non_finite_weights_run",
+    "backend_weights_not_checked",
     "int8_only_folder_wants_fp32",
     "truncated_zip_called_a_checkpoint",
     "blocked_pickle_gives_torchs_advice",

@@ -30,10 +30,9 @@ from gantool.runtime.backends import (
     OnnxBackend,
     Pt2Backend,
     TorchScriptBackend,
-    check_aoti_package,
     load_backend,
 )
-from gantool.runtime.providers import cpu_isa_flags
+from gantool.runtime.providers import check_aoti_package, cpu_isa_flags
 from gantool.training import loop as train_module
 from gantool.training.checkpoint import load_checkpoint, weights_sha256
 

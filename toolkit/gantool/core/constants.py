@@ -29,8 +29,10 @@ PRECISION_BACKENDS = {"fp16": ("onnx",), "int8": ("openvino", "onnx"), "bf16": (
 # What `gantool export --prefer` may record for `--precision auto` (gantool.core.artifacts.META_PREFER).
 PREFER_CHOICES = ("fp32", "bf16", "int8")
 DEFAULT_PREFER = "fp32"
-# Whether `--backend auto` runs ONNX files on OpenVINO on the CPU (see gantool.runtime.choice.auto_openvino):
-# off until it is measured faster on a quiet machine; `--backend openvino` runs it.
+# Whether `--backend auto` runs ONNX files on OpenVINO on the CPU (see gantool.runtime.choice.auto_openvino).
+# Off because it was not faster where measured: OpenVINO fp32 ran at 1.00x ONNX Runtime fp32 (512 px, paired
+# rounds 0.77-1.18) on the 2-core AVX2-only development machine, under load (docs/benchmarks.md, 2026-12-01).
+# Turn it on only when a quiet machine shows a gain; `--backend openvino` runs it meanwhile.
 AUTO_PICKS_OPENVINO = False
 # `gantool bench inpaint`'s default paths: a backend, or backend:precision (see gantool.tools.bench_inpaint).
 BENCH_INPAINT_PATHS = (

@@ -29,6 +29,10 @@ class ModelError(GantoolError):
     """An exported model is missing, corrupt or fails parity."""
 
 
+class NonFiniteError(ModelError):
+    """A model's weights or output hold NaN or Inf (no other runtime would do better)."""
+
+
 class ProviderError(GantoolError):
     """A requested execution provider / device cannot be used."""
 

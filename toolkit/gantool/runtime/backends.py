@@ -29,7 +29,7 @@ import json
 import logging
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +40,10 @@ from gantool.core.artifacts import (
     ARTIFACT,
     KIND_AOTI,
     KIND_SAFETENSORS,
-    META_AOTI_CPU_FLAGS,
-    META_AOTI_CUDA_ARCH,
     META_AOTI_DEVICE,
     META_MODEL_CONFIG,
     META_PRECISION,
     META_SOURCE,
-    META_TORCH_VERSION,
     META_TRAIN_PHASE,
     META_TRAIN_STEP,
     META_VERSION,
@@ -61,26 +58,32 @@ from gantool.core.artifacts import (
 )
 from gantool.core.config import ModelConfig
 from gantool.core.constants import BACKEND_CHOICES, PRECISION_BACKENDS, PRECISIONS, PROVIDERS
-from gantool.core.errors import InputError, ModelError, ProviderError, check_choice, first_line
+from gantool.core.errors import InputError, ModelError, NonFiniteError, ProviderError, check_choice, first_line
 from gantool.runtime import openvino
 from gantool.runtime.choice import auto_openvino, preferred_precision
 from gantool.runtime.memory import trim_heap
 from gantool.runtime.providers import (
     OpenedSession,
+    check_aoti_package,
     check_provider,
-    cpu_isa_flags,
     cuda_device_visible,
     open_session,
     run_releasing_arena,
     torch_device,
 )
-from gantool.runtime.weights import onnx_initializers, refuse_non_finite
+from gantool.runtime.weights import aoti_constants, onnx_initializers, refuse_non_finite, refuse_non_finite_output
 
 log = logging.getLogger(__name__)
 
 
 class Backend:
-    """What every backend has; subclasses implement :meth:`_run`."""
+    """What every backend has; subclasses implement :meth:`_run`.
+
+    Every backend hands its weights to this constructor (``weights``: name -> tensor or
+    array, whatever its file holds), which refuses non-finite ones, and every run's
+    output passes :func:`gantool.runtime.weights.refuse_non_finite_output`: one rule,
+    one message, whatever runs the model.
+    """
 
     name = "backend"
     precision_note = "as requested"  # why this precision runs (set by load_backend for --precision auto)
@@ -88,7 +91,10 @@ class Backend:
     # system (:meth:`_run_releasing`, then glibc's heap trimmed). 0: never (the CLI); the server sets it.
     release_memory_pixels = 0
 
-    def __init__(self, path: Path, metadata: dict[str, str], provider: str, provider_note: str) -> None:
+    def __init__(
+        self, path: Path, metadata: dict[str, str], provider: str, provider_note: str, *, weights: Mapping[str, Any]
+    ) -> None:
+        refuse_non_finite(path, weights)
         self.path = path
         self.metadata = metadata
         self.config: ModelConfig = config_from_metadata(metadata, path)
@@ -123,12 +129,7 @@ class Backend:
         except Exception as e:  # backend libraries raise their own types; report one line
             raise ModelError(f"{self.name} backend failed: {first_line(e)}") from None
         out = np.asarray(out, dtype=np.float32)
-        finite = np.isfinite(out)
-        if not finite.all():  # never write holes filled with NaN/Inf garbage
-            raise ModelError(
-                f"the model produced NaN/Inf: {int(out.size - finite.sum())} of {out.size} output values "
-                f"are not finite ({self.path.name}, {self.name} on {self.provider})"
-            )
+        refuse_non_finite_output(out, f"{self.path.name}, {self.name} on {self.provider}")
         if release:
             trim_heap()
         return out
@@ -184,10 +185,9 @@ class OnnxBackend(Backend):
                 cpu_file,
                 OpenedSession(open_session(cpu_file, "cpu").session, opened.provider, opened.note),
             )
-        refuse_non_finite(model_file, onnx_initializers(model_file))
         self.session = opened.session
         metadata = dict(self.session.get_modelmeta().custom_metadata_map)
-        super().__init__(model_file, metadata, opened.provider, opened.note)
+        super().__init__(model_file, metadata, opened.provider, opened.note, weights=onnx_initializers(model_file))
         self._check_signature()
         inputs = {i.name: i.type for i in self.session.get_inputs()}
         self._input_dtype = np.float16 if inputs.get("image") == "tensor(float16)" else np.float32
@@ -280,9 +280,17 @@ class _TorchBackend(Backend):
     bf16_capable = False  # eager and pt2 can run under bf16 autocast
 
     def __init__(
-        self, path: Path, module: Any, device: Any, metadata: dict[str, str], note: str, precision: str = "auto"
+        self,
+        path: Path,
+        module: Any,
+        device: Any,
+        metadata: dict[str, str],
+        note: str,
+        precision: str = "auto",
+        *,
+        weights: Mapping[str, Any],
     ) -> None:
-        super().__init__(path, metadata, str(device), note)
+        super().__init__(path, metadata, str(device), note, weights=weights)
         self.device = device
         self.bf16 = precision == "bf16"
         if precision not in ("auto", "fp32", "bf16") or (self.bf16 and not self.bf16_capable):
@@ -343,8 +351,7 @@ class TorchScriptBackend(_TorchBackend):
                 metadata = {str(k): str(v) for k, v in json.loads(extra[TORCHSCRIPT_METADATA_ENTRY]).items()}
             except (ValueError, AttributeError):
                 raise ModelError(f"{path}: unreadable {TORCHSCRIPT_METADATA_ENTRY}") from None
-        refuse_non_finite(path, module.state_dict())
-        super().__init__(path, module.eval(), device, metadata, note)
+        super().__init__(path, module.eval(), device, metadata, note, weights=module.state_dict())
 
 
 class EagerBackend(_TorchBackend):
@@ -371,7 +378,6 @@ class EagerBackend(_TorchBackend):
                 META_TRAIN_PHASE: str(state["phase"]),
                 META_SOURCE: path.name,
             }
-        refuse_non_finite(path, generator.state_dict())
         metadata.setdefault(META_PRECISION, "fp32")
         if precision == "bf16":  # numerics change anyway: run the BN-folded network, as the exports do
             from gantool.nn.networks import fold_batchnorm  # delayed: imports torch
@@ -379,7 +385,8 @@ class EagerBackend(_TorchBackend):
             module: Any = fold_batchnorm(generator)
         else:
             module = generator
-        super().__init__(path, module.to(device).eval(), device, metadata, note, precision)
+        weights = generator.state_dict()  # the trained weights, BatchNorm's statistics included, before folding
+        super().__init__(path, module.to(device).eval(), device, metadata, note, precision, weights=weights)
 
 
 class Pt2Backend(_TorchBackend):
@@ -403,11 +410,11 @@ class Pt2Backend(_TorchBackend):
             metadata = {str(k): str(v) for k, v in json.loads(extra[PT2_METADATA_ENTRY] or "{}").items()}
         except Exception as e:  # corrupt archives raise RuntimeError, KeyError, JSON errors, ...
             raise ModelError(f"{path} is not a readable torch.export (.pt2) model ({first_line(e)})") from None
-        refuse_non_finite(path, {**program.state_dict, **program.constants})
+        weights = {**program.state_dict, **program.constants}
         module = program.module().to(device)
         if precision == "bf16":
             module = strip_dtype_asserts(module)
-        super().__init__(path, module, device, metadata, note, precision)
+        super().__init__(path, module, device, metadata, note, precision, weights=weights)
 
 
 class AotiBackend(_TorchBackend):
@@ -444,37 +451,8 @@ class AotiBackend(_TorchBackend):
             raise ModelError(f"{path}: AOTInductor package does not load ({first_line(e)})") from None
         finally:
             cpp_logger.setLevel(level)
-        super().__init__(path, module, device, metadata, note, precision)
-
-
-def check_aoti_package(path: Path, metadata: dict[str, str], device: Any, cpu_flags: list[str] | None = None) -> None:
-    """Refuse a package compiled for another device, GPU architecture, torch version or a CPU
-    with instructions this one lacks (one line each; such a package would crash the process).
-    ``cpu_flags``: this CPU's extensions (default: :func:`gantool.runtime.providers.cpu_isa_flags`)."""
-    import torch  # delayed: heavy import
-
-    built_for = metadata.get(META_AOTI_DEVICE, "")
-    again = "re-export it with `gantool export --aoti` on this machine"
-    if built_for != device.type:
-        raise ModelError(f"{path.name} was compiled for {built_for or 'an unknown device'}, not {device.type}: {again}")
-    built_with = metadata.get(META_TORCH_VERSION, "")
-    if built_with != torch.__version__:
-        raise ModelError(
-            f"{path.name} was compiled with torch {built_with}, this is torch {torch.__version__}: {again}"
-        )
-    if device.type == "cpu":
-        needed = metadata.get(META_AOTI_CPU_FLAGS, "").split()
-        here = cpu_isa_flags() if cpu_flags is None else cpu_flags
-        missing = sorted(set(needed) - set(here)) if here else []  # unknown here: nothing to compare
-        if missing:
-            shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
-            raise ModelError(f"{path.name} was compiled for a CPU with {shown}, which this CPU lacks: {again}")
-    if device.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(device)
-        arch = f"sm_{major}{minor}"
-        if metadata.get(META_AOTI_CUDA_ARCH, "") != arch:
-            built_arch = metadata.get(META_AOTI_CUDA_ARCH) or "an unknown GPU"
-            raise ModelError(f"{path.name} was compiled for {built_arch}, this GPU is {arch}: {again}")
+        with aoti_constants(path, device.type) as weights:  # compiled into the package's library
+            super().__init__(path, module, device, metadata, note, precision, weights=weights)
 
 
 class OpenVinoBackend(Backend):
@@ -511,10 +489,12 @@ class OpenVinoBackend(Backend):
             if "carries no gantool metadata" not in str(e):
                 raise
             metadata = {}  # Backend warns and assumes the default config
-        self.compiled = openvino.compile_onnx(model_file, self._precision)
         hint = openvino.PRECISION_HINTS[self._precision]
         note = f"OpenVINO {openvino.openvino_version()} CPU plugin, INFERENCE_PRECISION_HINT={hint}"
-        super().__init__(model_file, metadata, "CPU", note)
+        model = openvino.read_onnx(model_file)
+        # Its weights are the ONNX file's, checked as ONNX Runtime's are, before the (slower) compile.
+        super().__init__(model_file, metadata, "CPU", note, weights=onnx_initializers(model_file))
+        self.compiled = openvino.compile_model(model, model_file, self._precision)
         self._local = threading.local()  # one infer request per thread, one compiled model for all
 
     @property
@@ -591,7 +571,7 @@ def load_backend(
     try:
         opened = BACKEND_CLASSES[name](path, provider, precision)
     except (ModelError, ProviderError) as e:
-        if not (picked and name == "openvino"):
+        if not (picked and name == "openvino") or isinstance(e, NonFiniteError):  # NaN weights: no runtime helps
             raise
         log.warning("OpenVINO could not open %s (%s); running it on ONNX Runtime", path.name, first_line(e))
         opened = OnnxBackend(path, provider, precision)

@@ -27,8 +27,8 @@ def auto_openvino(provider: str, precision: str) -> bool:
     """Whether ``--backend auto`` runs an ONNX file on OpenVINO rather than ONNX Runtime.
 
     Not yet: ``auto`` keeps ONNX Runtime until OpenVINO is measured faster on a quiet machine
-    (on the loaded 2-core AVX2 machine it was 1.00x ONNX Runtime fp32 at 512 px) and its
-    backend refuses non-finite outputs and weights as ONNX Runtime's does; ``--backend openvino``
+    (on the loaded 2-core AVX2 machine it was 1.00x ONNX Runtime fp32 at 512 px); its backend
+    already refuses non-finite weights and outputs as ONNX Runtime's does. ``--backend openvino``
     runs it. :func:`openvino_can_run` says where it could be picked.
     """
     return AUTO_PICKS_OPENVINO and openvino_can_run(provider, precision)

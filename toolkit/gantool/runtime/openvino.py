@@ -67,13 +67,10 @@ def compile_config(precision: str) -> dict[str, str]:
     return {"INFERENCE_PRECISION_HINT": PRECISION_HINTS[precision], "PERFORMANCE_HINT": "LATENCY"}
 
 
-def compile_onnx(path: str | Path, precision: str = "fp32") -> Any:
-    """``path`` (a gantool ONNX generator) compiled for OpenVINO's CPU plugin at ``precision``.
-
-    Its dynamic N, H and W stay dynamic: one compile serves every shape."""
-    core = ov_core()
+def read_onnx(path: str | Path) -> Any:
+    """``path`` read as an OpenVINO model, refused (one line) unless it is a gantool generator."""
     try:
-        model = core.read_model(str(path))
+        model = ov_core().read_model(str(path))
     except Exception as e:  # OpenVINO raises RuntimeError subclasses for corrupt or foreign files
         raise ModelError(f"OpenVINO cannot read {path}: {first_line(e)}") from None
     inputs = sorted(name for port in model.inputs for name in port.get_names())
@@ -82,10 +79,22 @@ def compile_onnx(path: str | Path, precision: str = "fp32") -> Any:
         raise ModelError(
             f"{path} is not a gantool generator (inputs {inputs}, outputs {outputs}; expected image, mask -> inpainted)"
         )
+    return model
+
+
+def compile_model(model: Any, path: str | Path, precision: str = "fp32") -> Any:
+    """A model from :func:`read_onnx` (read from ``path``) compiled for the CPU plugin at ``precision``."""
     try:
-        return core.compile_model(model, OV_DEVICE, compile_config(precision))
+        return ov_core().compile_model(model, OV_DEVICE, compile_config(precision))
     except Exception as e:
         raise ModelError(f"OpenVINO cannot compile {path}: {first_line(e)}") from None
+
+
+def compile_onnx(path: str | Path, precision: str = "fp32") -> Any:
+    """``path`` (a gantool ONNX generator) compiled for OpenVINO's CPU plugin at ``precision``.
+
+    Its dynamic N, H and W stay dynamic: one compile serves every shape."""
+    return compile_model(read_onnx(path), path, precision)
 
 
 def infer(compiled: Any, request: Any, image: np.ndarray, mask: np.ndarray, precision: str) -> np.ndarray:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gantool.core.artifacts import META_AOTI_CPU_FLAGS, META_AOTI_CUDA_ARCH, META_AOTI_DEVICE, META_TORCH_VERSION
 from gantool.core.constants import PROVIDERS
 from gantool.core.errors import ModelError, ProviderError, check_choice, first_line
 
@@ -314,3 +315,33 @@ def cpu_isa_flags(cpuinfo: str | None = None) -> list[str]:
         if key.strip() == "Features":
             return sorted(set(value.split()))
     return []
+
+
+def check_aoti_package(path: Path, metadata: dict[str, str], device: Any, cpu_flags: list[str] | None = None) -> None:
+    """Refuse a package compiled for another device, GPU architecture, torch version or a CPU
+    with instructions this one lacks (one line each; such a package would crash the process).
+    ``cpu_flags``: this CPU's extensions (default: :func:`gantool.runtime.providers.cpu_isa_flags`)."""
+    import torch  # delayed: heavy import
+
+    built_for = metadata.get(META_AOTI_DEVICE, "")
+    again = "re-export it with `gantool export --aoti` on this machine"
+    if built_for != device.type:
+        raise ModelError(f"{path.name} was compiled for {built_for or 'an unknown device'}, not {device.type}: {again}")
+    built_with = metadata.get(META_TORCH_VERSION, "")
+    if built_with != torch.__version__:
+        raise ModelError(
+            f"{path.name} was compiled with torch {built_with}, this is torch {torch.__version__}: {again}"
+        )
+    if device.type == "cpu":
+        needed = metadata.get(META_AOTI_CPU_FLAGS, "").split()
+        here = cpu_isa_flags() if cpu_flags is None else cpu_flags
+        missing = sorted(set(needed) - set(here)) if here else []  # unknown here: nothing to compare
+        if missing:
+            shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+            raise ModelError(f"{path.name} was compiled for a CPU with {shown}, which this CPU lacks: {again}")
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        arch = f"sm_{major}{minor}"
+        if metadata.get(META_AOTI_CUDA_ARCH, "") != arch:
+            built_arch = metadata.get(META_AOTI_CUDA_ARCH) or "an unknown GPU"
+            raise ModelError(f"{path.name} was compiled for {built_arch}, this GPU is {arch}: {again}")

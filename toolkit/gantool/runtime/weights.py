@@ -1,35 +1,53 @@
-"""Non-finite weights: export refuses them, every backend refuses them, ``gantool info`` warns.
+"""Non-finite weights and outputs: export refuses them, every backend refuses them, ``gantool info`` warns.
 
 A NaN or Inf weight (say, an Inf in a BatchNorm running mean after a diverged run) makes
 holes filled with garbage, or NaN everywhere; better one line before the model runs.
+This module decides both questions for every backend: :func:`refuse_non_finite` (the
+weights, at load) and :func:`refuse_non_finite_output` (each run's output). The backends
+only say where their weights are: a state dict, an ONNX file's initializers
+(:func:`onnx_initializers`) or an AOTInductor package's constants (:func:`aoti_constants`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
+import zipfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from gantool.core.artifacts import KIND_ONNX, KIND_SAFETENSORS
-from gantool.core.errors import ModelError
+from gantool.core.errors import ModelError, NonFiniteError, first_line
 
 
-def non_finite_weights(state_dict: dict[str, Any]) -> str:
+def _non_finite_count(tensor: Any) -> tuple[int, int] | None:
+    """(non-finite values, size) of a floating torch tensor or numpy array; None when it is
+    not floating point. Vectorised, and without a copy for torch tensors (any device, bf16 too)."""
+    if hasattr(tensor, "is_floating_point"):  # a torch tensor
+        if not tensor.is_floating_point():
+            return None
+        import torch  # delayed: torch is loaded already if a tensor exists
+
+        finite_t = torch.isfinite(tensor.detach())
+        size = finite_t.numel()
+        return (0 if bool(finite_t.all()) else size - int(finite_t.sum())), size
+    array = np.asarray(tensor)
+    if not np.issubdtype(array.dtype, np.floating):
+        return None
+    finite = np.isfinite(array)
+    return (0 if finite.all() else int(finite.size - finite.sum())), int(finite.size)
+
+
+def non_finite_weights(state_dict: Mapping[str, Any]) -> str:
     """'' when every floating tensor (torch or numpy) is finite, else which hold NaN/Inf (one line)."""
     bad = []
     for name, tensor in state_dict.items():
-        if hasattr(tensor, "is_floating_point"):  # a torch tensor (bf16 included)
-            if not tensor.is_floating_point():
-                continue
-            array = tensor.detach().float().cpu().numpy()
-        else:
-            array = np.asarray(tensor)
-            if not np.issubdtype(array.dtype, np.floating):
-                continue
-        finite = np.isfinite(array)
-        if not finite.all():
-            bad.append(f"{name}: {int(finite.size - finite.sum())} of {finite.size}")
+        counted = _non_finite_count(tensor)
+        if counted and counted[0]:
+            bad.append(f"{name}: {counted[0]} of {counted[1]}")
     if not bad:
         return ""
     return "; ".join(bad[:3]) + (f"; and {len(bad) - 3} more tensors" if len(bad) > 3 else "")
@@ -40,13 +58,54 @@ def onnx_initializers(path: Path) -> dict[str, np.ndarray]:
     import onnx  # delayed: heavy import
     from onnx import numpy_helper
 
-    model = onnx.load(str(path), load_external_data=False)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # protobuf's DecodeError and friends for corrupt files
+        raise ModelError(f"{path} is not a readable ONNX model ({first_line(e)})") from None
     tensors = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     for node in model.graph.node:
         for attribute in node.attribute:
             if attribute.type == onnx.AttributeProto.TENSOR:
                 tensors[f"{node.name or node.op_type}.{attribute.name}"] = numpy_helper.to_array(attribute.t)
     return tensors
+
+
+@contextlib.contextmanager
+def aoti_constants(path: Path, device: str) -> Iterator[dict[str, Any]]:
+    """The constants (weights) an AOTInductor package carries, as torch tensors, while the block runs.
+
+    ``gantool export --aoti`` compiles them into the package's library (``*.wrapper.so``);
+    torch's container runner for that library hands them out (``extract_constants_map``).
+    The package loader does not, so the library is opened once more from a temporary folder
+    (milliseconds; the tensors live as long as that runner, hence a context manager).
+    ``device``: what the package was compiled for ("cpu" or "cuda")."""
+    import torch  # delayed: heavy import
+
+    with zipfile.ZipFile(path) as archive, tempfile.TemporaryDirectory(prefix="gantool-aoti-") as tmp:
+        libraries = [n for n in archive.namelist() if n.endswith(".so") and "/aotinductor/" in n]
+        if len(libraries) != 1:
+            raise ModelError(
+                f"{path}: expected one compiled library in the AOTInductor package, found {len(libraries)}"
+            )
+        folder = libraries[0].rsplit("/", 1)[0] + "/"
+        for name in archive.namelist():  # the library and what sits beside it (CUDA kernels)
+            relative = name[len(folder) :]
+            if name.startswith(folder) and relative and ".." not in Path(relative).parts and not name.endswith("/"):
+                (Path(tmp) / relative).parent.mkdir(parents=True, exist_ok=True)
+                (Path(tmp) / relative).write_bytes(archive.read(name))
+        library = str(Path(tmp) / libraries[0][len(folder) :])
+        try:  # torch's own runner API (private, and as tied to the torch version as the package is)
+            if device == "cuda":
+                runner: Any = torch._C._aoti.AOTIModelContainerRunnerCuda(library, 1, "cuda", tmp)
+            else:
+                runner = torch._C._aoti.AOTIModelContainerRunnerCpu(library, 1)
+            constants = dict(runner.extract_constants_map(False))
+        except Exception as e:  # AttributeError from another torch, RuntimeError from the runner
+            raise ModelError(f"{path}: cannot read the AOTInductor package's weights ({first_line(e)})") from None
+        try:
+            yield constants
+        finally:
+            del constants, runner  # before its library's folder goes
 
 
 def file_non_finite_weights(path: Path, kind: str) -> str:
@@ -61,11 +120,22 @@ def file_non_finite_weights(path: Path, kind: str) -> str:
     return ""
 
 
-def refuse_non_finite(path: Path, tensors: dict[str, Any]) -> None:
-    """Raise a one-line ModelError when ``tensors`` (a model's weights) hold NaN or Inf."""
+def refuse_non_finite(path: Path, tensors: Mapping[str, Any]) -> None:
+    """Raise a one-line ModelError naming ``path`` and the first bad tensors when
+    ``tensors`` (a model's weights) hold NaN or Inf."""
     bad = non_finite_weights(tensors)
     if bad:
-        raise ModelError(
+        raise NonFiniteError(
             f"{path} has non-finite weights ({bad}); it would fill holes with NaN/Inf, so it is not run "
             "(use an earlier checkpoint)"
+        )
+
+
+def refuse_non_finite_output(output: np.ndarray, source: str) -> None:
+    """Raise a one-line ModelError when a model's ``output`` holds NaN or Inf (``source``: which
+    model on which backend), so holes are never written filled with garbage."""
+    counted = _non_finite_count(output)
+    if counted and counted[0]:
+        raise NonFiniteError(
+            f"the model produced NaN/Inf: {counted[0]} of {counted[1]} output values are not finite ({source})"
         )
