@@ -885,6 +885,13 @@ MUTANTS: list[Mutant] = [
         ("test_amp_compile.py::test_amp_auto_follows_native_bf16_and_the_run_config_records_the_choice",),
         ci=False,
     ),
+    Mutant(
+        "export_interrupt_wrapped_by_torch_onnx_is_a_failure",
+        "cli/export_cmd.py",
+        "    except GantoolError:\n        if not seen:\n            raise\n        _stopped(seen[0])\n",
+        "    except GantoolError:\n        raise\n",
+        ("test_atomicity.py::test_a_signal_the_onnx_exporter_turns_into_its_own_error_still_exits_130_or_143",),
+    ),
 ]
 
 

@@ -8,11 +8,13 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
 from gantool.core.artifacts import ARTIFACT, DEFAULT_EXPORT_FORMATS
 from gantool.core.constants import DEFAULT_INT8_MIN_PSNR, DEFAULT_PREFER, PREFER_CHOICES
+from gantool.core.errors import GantoolError
 
 
 class _Terminated(BaseException):
@@ -22,24 +24,40 @@ class _Terminated(BaseException):
 @contextlib.contextmanager
 def _signals_end_the_export() -> Iterator[None]:
     """Ctrl-C and SIGTERM stop the export with one line and exit 130 / 143 (as a shell reports
-    them), after the library removed its staging folder; the output folder is left as it was."""
+    them), after the library removed its staging folder; the output folder is left as it was.
 
-    def on_term(signum: int, frame: object) -> None:
-        raise _Terminated
+    The handlers note what arrived: torch.onnx turns an interrupt raised inside its torch.export
+    step into its own "Failed to export" error, which would otherwise end as exit 1."""
+    seen: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        seen.append(signum)
+        raise KeyboardInterrupt if signum == signal.SIGINT else _Terminated
 
     main = threading.current_thread() is threading.main_thread()  # only there can a handler be set
-    old = signal.signal(signal.SIGTERM, on_term) if main else None
+    stops = (signal.SIGINT, signal.SIGTERM)
+    old = {sig: signal.signal(sig, on_signal) for sig in stops} if main else {}
     try:
         yield
+    except GantoolError:
+        if not seen:
+            raise
+        _stopped(seen[0])
     except KeyboardInterrupt:
-        click.echo("Error: export interrupted (SIGINT); the output folder is as it was", err=True)
-        sys.exit(130)
+        _stopped(signal.SIGINT)
     except _Terminated:
-        click.echo("Error: export stopped (SIGTERM); the output folder is as it was", err=True)
-        sys.exit(143)
+        _stopped(signal.SIGTERM)
     finally:
-        if main:
-            signal.signal(signal.SIGTERM, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _stopped(signum: int) -> NoReturn:
+    if signum == signal.SIGINT:
+        click.echo("Error: export interrupted (SIGINT); the output folder is as it was", err=True)
+    else:
+        click.echo("Error: export stopped (SIGTERM); the output folder is as it was", err=True)
+    sys.exit(128 + signum)
 
 
 def _size(num_bytes: int) -> str:
