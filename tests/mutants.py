@@ -886,6 +886,13 @@ MUTANTS: list[Mutant] = [
         ci=False,
     ),
     Mutant(
+        "export_swallowed_signal_still_commits",
+        "export/exporter.py",
+        "    if stop_requested is not None and stop_requested():",
+        "    if False:",
+        ("test_atomicity.py::test_a_signal_swallowed_inside_the_exporter_still_stops_before_the_commit",),
+    ),
+    Mutant(
         "export_interrupt_wrapped_by_torch_onnx_is_a_failure",
         "cli/export_cmd.py",
         "    except GantoolError:\n        if not seen:\n            raise\n        _stopped(seen[0])\n",

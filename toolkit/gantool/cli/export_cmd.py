@@ -22,7 +22,7 @@ class _Terminated(BaseException):
 
 
 @contextlib.contextmanager
-def _signals_end_the_export() -> Iterator[None]:
+def _signals_end_the_export() -> Iterator[list[int]]:
     """Ctrl-C and SIGTERM stop the export with one line and exit 130 / 143 (as a shell reports
     them), after the library removed its staging folder; the output folder is left as it was.
 
@@ -38,7 +38,7 @@ def _signals_end_the_export() -> Iterator[None]:
     stops = (signal.SIGINT, signal.SIGTERM)
     old = {sig: signal.signal(sig, on_signal) for sig in stops} if main else {}
     try:
-        yield
+        yield seen
     except GantoolError:
         if not seen:
             raise
@@ -160,11 +160,12 @@ def export(
     wanted = (("onnx", want_onnx), ("torchscript", want_torchscript), ("pt2", want_pt2), ("aoti", want_aoti))
     chosen = [name for name, flag in wanted if flag]
     try:
-        with _signals_end_the_export():
+        with _signals_end_the_export() as signals_seen:
             result = export_generator(
                 checkpoint, out_dir, formats=chosen or DEFAULT_EXPORT_FORMATS, opset=opset, fp16=fp16,
                 verify=not no_verify, atol=atol, overwrite=overwrite, cuda=cuda, int8=int8, calib=calib,
                 int8_min_psnr=int8_min_psnr, prefer=prefer, keep_debug_info=keep_debug_info,
+                stop_requested=lambda: bool(signals_seen),
             )  # fmt: skip
     except ParityError as e:
         for line in summary_lines(e.report):

@@ -33,6 +33,11 @@ class NonFiniteError(ModelError):
     """A model's weights or output hold NaN or Inf (no other runtime would do better)."""
 
 
+class StopRequested(GantoolError):
+    """A stop signal arrived during work whose libraries swallowed it (torch.onnx, importlib's
+    callbacks): the caller's check found it at the next step boundary."""
+
+
 class ProviderError(GantoolError):
     """A requested execution provider / device cannot be used."""
 

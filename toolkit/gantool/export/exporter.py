@@ -31,7 +31,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,7 +65,7 @@ from gantool.core.artifacts import (
     read_model_metadata,
 )
 from gantool.core.constants import CHECKPOINTS_DIR, DEFAULT_INT8_MIN_PSNR, DEFAULT_PREFER, RUN_EXPORT_DIR
-from gantool.core.errors import CheckpointError, GantoolError, InputError, ModelError
+from gantool.core.errors import CheckpointError, GantoolError, InputError, ModelError, StopRequested
 from gantool.core.fileio import (
     atomic_write_text,
     commit_staged_folder,
@@ -221,6 +221,7 @@ def export_generator(
     int8_min_psnr: float = DEFAULT_INT8_MIN_PSNR,
     aoti_device: str | None = None,
     prefer: str = DEFAULT_PREFER,
+    stop_requested: Callable[[], bool] | None = None,
 ) -> ExportResult:
     """Export the generator of ``checkpoint_path`` and prove parity with eager PyTorch.
 
@@ -232,6 +233,8 @@ def export_generator(
     Raises ParityError (a ModelError) when a backend fails; nothing is written then.
     The files carry no absolute path or stack trace of this machine (checked with
     :func:`gantool.export.provenance.find_machine_traces`) unless ``keep_debug_info``.
+    ``stop_requested`` (the CLI's "a stop signal arrived") is asked after writing and before the
+    commit: if true, StopRequested is raised and the earlier export stays.
     """
     formats = check_options(formats, opset, fp16, atol, int8)
     prefer = check_prefer(prefer, int8, verify)  # what --precision auto runs (written only if its gate passes)
@@ -274,6 +277,7 @@ def export_generator(
             opset=opset, keep_debug_info=keep_debug_info, calib=calib, int8_min_psnr=int8_min_psnr,
             cases=cases, aoti_device=aoti_device,
         )  # fmt: skip
+        _check_stop(stop_requested)
         tmp = {key: stage / ARTIFACT[key].filename for key in keys}
         report: dict[str, Any] | None = None
         notes: list[str] = []
@@ -307,12 +311,19 @@ def export_generator(
             atomic_write_text(tmp["report"], json.dumps(report_to_json(document), indent=2) + "\n")
         if not keep_debug_info:
             _check_no_machine_traces(tmp, targets)
+        _check_stop(stop_requested)
         # The new files go in together; files of the older export that this one does not write go.
         commit_staged_folder(stage, out_dir, remove=[p.name for p in replaced])
     for stale in replaced:
         if stale.name not in {p.name for p in targets.values()}:
             logger.info("removed %s: it belonged to the previous export in %s", stale.name, out_dir)
     return ExportResult(checkpoint_path, out_dir, targets, sizes, metadata, report, notes)
+
+
+def _check_stop(stop_requested: Callable[[], bool] | None) -> None:
+    # A signal's KeyboardInterrupt can be swallowed inside the exporters; what the handler noted is not.
+    if stop_requested is not None and stop_requested():
+        raise StopRequested("a stop signal arrived during the export; nothing was committed")
 
 
 def check_replaceable(out_dir: Path, overwrite: bool) -> list[Path]:
