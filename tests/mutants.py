@@ -340,8 +340,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "ctrl_c_exits_1",
         "cli/export_cmd.py",
-        "        sys.exit(130)",
-        "        sys.exit(1)",
+        "    sys.exit(128 + signum)",
+        "    sys.exit(1 if signum == signal.SIGINT else 128 + signum)",
         (f"{ATOMIC}::test_an_interrupted_export_exits_130_and_leaves_the_earlier_export",),
     ),
     Mutant(

@@ -169,8 +169,9 @@ def planted(case: Case, source: Source, folder: Path, how: str) -> tuple[Path, s
         torch.export.save(program, str(path), extra_files=extra)
     else:  # TorchScript
         extra = {TORCHSCRIPT_METADATA_ENTRY: ""}
-        with warnings.catch_warnings():  # local: TorchScript's deprecation notice
+        with warnings.catch_warnings():  # local: TorchScript's deprecation notice (a FutureWarning from 2.14)
             warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", FutureWarning)
             module = torch.jit.load(str(original), _extra_files=extra)
             name, weight = next((k, v) for k, v in module.named_parameters() if v.ndim == 4)
             _plant_torch(weight, how)
