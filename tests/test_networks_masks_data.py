@@ -18,7 +18,15 @@ from gantool.nn.networks import (
     fold_batchnorm,
     num_downsamples,
 )
-from gantool.training.data import ImageFolderSource, StepBatchSampler, SyntheticSource, random_crop_resize
+from gantool.core.config import TrainConfig
+from gantool.training.data import (
+    ImageFolderSource,
+    InpaintingDataset,
+    StepBatchSampler,
+    SyntheticSource,
+    random_crop_resize,
+    random_scaled_crop,
+)
 from numerics import assert_fp32_close, conv_fan_in
 from tiny import TINY_MODEL
 
@@ -223,3 +231,91 @@ def test_atomic_writes_leave_nothing_on_failure_and_use_normal_permissions(tmp_p
     with pytest.raises(InputError, match="refusing to overwrite"):
         atomic_write_text(target, "second", overwrite=False)
     assert target.read_text() == "first"
+
+
+def _noise_photo(path, width=300, height=200, seed=0):
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)).save(path)
+    return path
+
+
+def test_a_unit_scale_crop_is_a_window_of_the_photo_itself():
+    photo = Image.fromarray(np.random.default_rng(1).integers(0, 256, (120, 160, 3), dtype=np.uint8))
+    whole = image_to_array(photo).transpose(2, 0, 1)
+    for seed in range(5):
+        crop = random_scaled_crop(photo, 32, (1.0, 1.0), np.random.default_rng(seed))
+        # side 32 at scale 1: no resampling, so the crop (or its mirror) is found verbatim
+        found = [
+            (top, left)
+            for top in range(120 - 31)
+            for left in range(160 - 31)
+            if np.array_equal(whole[:, top : top + 32, left : left + 32], crop)
+            or np.array_equal(whole[:, top : top + 32, left : left + 32][:, :, ::-1], crop)
+        ]
+        assert len(found) == 1
+
+
+def test_scaled_crops_are_capped_by_the_shorter_side():
+    photo = Image.fromarray(np.random.default_rng(2).integers(0, 256, (64, 64, 3), dtype=np.uint8))
+    full = image_to_array(photo.resize((16, 16), Image.Resampling.BICUBIC, reducing_gap=3.0)).transpose(2, 0, 1)
+    for seed in range(4):  # 16 x 8 = 128 > 64: every window is the whole photo
+        crop = random_scaled_crop(photo, 16, (8.0, 8.0), np.random.default_rng(seed))
+        assert np.array_equal(crop, np.clip(full, 0, 1)) or np.array_equal(crop, np.clip(full, 0, 1)[:, :, ::-1])
+
+
+def test_scale_range_sets_how_much_of_the_photo_a_crop_sees():
+    # A photo of one smooth ramp: a wider window sees a wider span of values.
+    ramp = np.tile(np.linspace(0, 255, 400, dtype=np.float32), (400, 1))
+    photo = Image.fromarray(np.repeat(ramp[..., None], 3, axis=2).astype(np.uint8))
+
+    def spans(scales):
+        crops = [random_scaled_crop(photo, 20, scales, np.random.default_rng(s)) for s in range(30)]
+        return [float(c[0].max() - c[0].min()) for c in crops]
+
+    narrow, wide = spans((1.0, 1.5)), spans((8.0, 12.0))
+    assert max(narrow) < 0.1 and min(wide) > 0.35  # 20..30 px of 400 against 160..240 px
+
+
+def test_decoding_once_changes_no_sample(tmp_path):
+    for i in range(3):
+        _noise_photo(tmp_path / f"p{i}.png", seed=i)
+    cached = ImageFolderSource(tmp_path, (1.0, 3.0))
+    fresh = ImageFolderSource(tmp_path, (1.0, 3.0))
+    fresh.cache_decoded = False
+    assert cached.cache_decoded  # three small photos fit the budget
+    keys = [(i % 3, 1000 + i) for i in range(9)]
+    a = [InpaintingDataset(cached, 32, 16, "mixed")[k] for k in keys]
+    b = [InpaintingDataset(fresh, 32, 16, "mixed")[k] for k in keys]
+    for x, y in zip(a, b):
+        assert all(torch.equal(u, v) for u, v in zip(x, y))
+    for path in tmp_path.iterdir():  # decoded once: later samples need no file at all
+        path.unlink()
+    again = InpaintingDataset(cached, 32, 16, "mixed")[keys[0]]
+    assert all(torch.equal(u, v) for u, v in zip(again, a[0]))
+
+
+def test_a_folder_too_large_to_cache_is_decoded_per_sample(tmp_path, monkeypatch):
+    from gantool.training import data as data_module
+
+    _noise_photo(tmp_path / "big.png")
+    monkeypatch.setattr(data_module, "DECODE_CACHE_BYTES", 300 * 200 * 3 - 1)
+    source = ImageFolderSource(tmp_path, (1.0, 2.0))
+    assert not source.cache_decoded
+    source.load(0, 32, np.random.default_rng(0))
+    assert source._decoded == {}
+
+
+@pytest.mark.parametrize("changes, fragment", [
+    ({"scale_min": 3.0, "scale_max": 2.0}, "scale_min <= scale_max"),
+    ({"scale_min": 0.5}, "scale_min = 0.5: expected a number in [1, 64]"),
+    ({"scale_max": "big"}, "scale_max = 'big': expected a number"),
+    ({"scale_max": 65}, "scale_max = 65"),
+])
+def test_bad_crop_scales_are_one_line(changes, fragment):
+    with pytest.raises(InputError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
+        TrainConfig.from_dict(changes).validate()
+
+
+def test_one_crop_bound_alone_takes_the_other_from_the_defaults():
+    assert TrainConfig().scale_range() is None  # the older draw: runs made before resume bitwise
+    assert TrainConfig(scale_min=2.0).scale_range() == (2.0, 64.0)
+    assert TrainConfig(scale_max=3.0).scale_range() == (1.0, 3.0)

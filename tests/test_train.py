@@ -83,6 +83,34 @@ def test_resume_is_bitwise_exact(tmp_path):
             assert torch.equal(tensor, b[name][key]), f"{name}.{key} differs after resume"
 
 
+def test_multi_scale_crops_of_a_photo_folder_are_recorded_and_resume_bitwise(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    data = tmp_path / "photos"
+    data.mkdir()
+    for i in range(4):
+        noise = np.random.default_rng(i).integers(0, 256, (90, 120, 3), dtype=np.uint8)
+        Image.fromarray(noise).save(data / f"p{i}.png")
+    common = ["--data", str(data), *TINY_ARGS, "--scale-min", "1.5", "--scale-max", "2.5", "--val-images", "1",
+              "--steps-g", "2", "--steps-d", "1", "--steps-joint", "1", "--checkpoint-every", "2"]
+    straight = run_cli("train", *common, "--out", str(tmp_path / "a"))
+    assert straight.exit_code == 0, straight.output
+    recorded = read_toml(tmp_path / "a" / "config.toml")
+    assert (recorded["scale_min"], recorded["scale_max"]) == (1.5, 2.5)
+    half = train(TrainConfig.from_dict({**recorded, "out": str(tmp_path / "b")}), stop_after=2, progress=False)
+    resumed = train({}, resume=half.last_checkpoint, progress=False)
+    a, b = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.pt"), load_checkpoint(resumed.last_checkpoint)
+    assert resumed.step == 4 and a["step"] == 4
+    for key, tensor in a["generator"].items():
+        assert torch.equal(tensor, b["generator"][key]), key
+    # and the crops are what the run trained on: without the scales the weights differ
+    plain = {k: v for k, v in recorded.items() if not k.startswith("scale_")}
+    other = train(TrainConfig.from_dict({**plain, "out": str(tmp_path / "c")}), stop_after=2, progress=False)
+    first = load_checkpoint(tmp_path / "a" / "checkpoints" / "step_2.pt")["generator"]
+    assert any(not torch.equal(t, load_checkpoint(other.last_checkpoint)["generator"][k]) for k, t in first.items())
+
+
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     out = tmp_path / "run"
     real_mse = train_module.hole_mse

@@ -451,8 +451,8 @@ def test_a_vanishing_image_with_workers_is_one_line(tmp_path, monkeypatch):
 
     real_init = data_module.ImageFolderSource.__init__
 
-    def then_vanish(self, root):
-        real_init(self, root)
+    def then_vanish(self, root, *args):
+        real_init(self, root, *args)
         for p in self.paths[:-1]:  # every training image is gone once training starts
             p.unlink()
 

@@ -95,6 +95,12 @@ class OneLineErrors(click.Command):
 @config_option("mask", "Hole shapes.", type=click.Choice(MASK_KINDS))
 @config_option("hole_min", "Smallest box hole side in pixels.", show="local_size/2", type=int)
 @config_option("hole_max", "Largest box hole side in pixels.", show="local_size", type=int)
+@config_option(
+    "scale_min", "Smallest crop window in multiples of --size (1 if only --scale-max is set).", show="off", type=float
+)
+@config_option(
+    "scale_max", "Largest crop window in multiples of --size (64 if only --scale-min is set).", show="off", type=float
+)
 @config_option("seed", "Seed for weights, data order, crops and masks.", type=int)
 @config_option("device", "auto, cpu, cuda or cuda:N.")
 @flag_option("amp", "bf16 autocast (auto: on for CUDA and CPUs with native bf16).", show="auto")

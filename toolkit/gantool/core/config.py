@@ -107,6 +107,11 @@ class TrainConfig:
     mask: str = "box"
     hole_min: int | None = None  # box side range in pixels; default local_size/2 .. local_size
     hole_max: int | None = None
+    # Crop windows of size x [scale_min, scale_max] pixels (log-uniform, capped by the image's
+    # shorter side), resized to size; both unset: the crop's shorter side is drawn between size
+    # and the image's own (the behaviour before these keys existed, so older runs resume bitwise).
+    scale_min: float | None = None
+    scale_max: float | None = None
     seed: int = 0
     device: str = "auto"
     # None ("auto"): bf16 autocast on CUDA and on CPUs with native bf16 (AVX512-BF16, AMX, Arm BF16),
@@ -159,11 +164,22 @@ class TrainConfig:
         lo, hi = self.hole_range()
         if not 1 <= lo <= hi <= self.local_size:
             raise InputError(f"hole sizes must satisfy 1 <= hole_min <= hole_max <= local_size, got {lo}..{hi}")
+        scales = self.scale_range()
+        if scales is not None and scales[0] > scales[1]:
+            raise InputError(f"crop scales must satisfy scale_min <= scale_max, got {scales[0]:g}..{scales[1]:g}")
         return self
 
     def hole_range(self) -> tuple[int, int]:
         lo = self.hole_min if self.hole_min is not None else max(1, self.local_size // 2)
         hi = self.hole_max if self.hole_max is not None else self.local_size
+        return lo, hi
+
+    def scale_range(self) -> tuple[float, float] | None:
+        """The crop windows' side range as multiples of ``size``; None: the older draw."""
+        if self.scale_min is None and self.scale_max is None:
+            return None
+        lo = self.scale_min if self.scale_min is not None else 1.0
+        hi = self.scale_max if self.scale_max is not None else MAX_CROP_SCALE
         return lo, hi
 
     def to_dict(self) -> dict[str, Any]:
@@ -182,6 +198,7 @@ class TrainConfig:
 
 # ------------------------------------------------------------------ checking option values
 
+MAX_CROP_SCALE = 64.0  # a crop 64x the training size is already a whole large photo
 MAX_STEPS = 10**9  # any step count or cadence above this is a typo, not a plan
 # What each TrainConfig key accepts: kind, then the inclusive range (None: unbounded),
 # or for "float>" an exclusive lower bound. Sizes are capped where one image or batch
@@ -206,6 +223,8 @@ FIELD_RULES: dict[str, tuple[str, float | None, float | None]] = {
     "mask": ("str", None, None),
     "hole_min": ("int?", 1, 8192),
     "hole_max": ("int?", 1, 8192),
+    "scale_min": ("float?", 1, MAX_CROP_SCALE),
+    "scale_max": ("float?", 1, MAX_CROP_SCALE),
     "seed": ("int", 0, 2**32 - 1),
     "device": ("str", None, None),
     "amp": ("bool?", None, None),

@@ -26,6 +26,7 @@ from gantool.nn.masks import generate_mask
 log = logging.getLogger(__name__)
 
 SYNTHETIC = "synthetic"
+DECODE_CACHE_BYTES = 1 << 30  # decoded RGB bytes of a folder kept in memory per process (see ImageFolderSource)
 
 
 def find_images(root: str | Path) -> list[Path]:
@@ -56,17 +57,42 @@ def random_crop_resize(img: Image.Image, size: int, rng: np.random.Generator) ->
     return np.ascontiguousarray(np.clip(arr, 0.0, 1.0).transpose(2, 0, 1))
 
 
+def random_scaled_crop(
+    img: Image.Image, size: int, scale_range: tuple[float, float], rng: np.random.Generator
+) -> np.ndarray:
+    """A square window whose side is ``size`` times a log-uniform factor in ``scale_range``
+    (capped by the image's shorter side), at a random place, resized to ``size``, flipped
+    at random -> float32 3 x size x size. One resize straight from the window (PIL's
+    ``box``), so a large photo is never scaled as a whole per sample."""
+    width, height = img.size
+    short = min(width, height)
+    high = min(scale_range[1] * size, short)
+    low = min(scale_range[0] * size, high)
+    side = max(1, int(round(math.exp(rng.uniform(math.log(low), math.log(high))))))
+    left = int(rng.integers(0, width - side + 1))
+    top = int(rng.integers(0, height - side + 1))
+    window = (left, top, left + side, top + side)
+    arr = image_to_array(img.resize((size, size), Image.Resampling.BICUBIC, box=window, reducing_gap=3.0))
+    if rng.random() < 0.5:
+        arr = arr[:, ::-1]
+    return np.ascontiguousarray(np.clip(arr, 0.0, 1.0).transpose(2, 0, 1))
+
+
 class ImageFolderSource:
     """Readable images under a folder. Unreadable files are skipped and counted."""
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, scale_range: tuple[float, float] | None = None) -> None:
         self.root = Path(root)
+        # None: the crop's shorter side is drawn between the size and the image's own (random_crop_resize).
+        self.scale_range = scale_range
         candidates = find_images(self.root)
         self.paths: list[Path] = []
         self.skipped: list[Path] = []
+        decoded_bytes = 0
         for path in candidates:
             try:
                 with Image.open(path) as img:
+                    decoded_bytes += img.width * img.height * 3
                     img.verify()  # header and structure, without a full decode
                 self.paths.append(path)
             except Exception:
@@ -79,6 +105,12 @@ class ImageFolderSource:
         # Images found undecodable, shared with DataLoader workers (a tensor in shared
         # memory), so each is warned about once per run, not once per worker and epoch.
         self.bad = torch.zeros(len(self.paths), dtype=torch.bool).share_memory_()
+        # A folder whose decoded pixels fit in DECODE_CACHE_BYTES is decoded once per process
+        # (each DataLoader worker keeps its own copy), not once per sample: a few dozen large
+        # photographs would otherwise cost a full decode for every 96-160 px crop. The cache
+        # changes no value, so resume stays bitwise with or without it.
+        self.cache_decoded = decoded_bytes <= DECODE_CACHE_BYTES
+        self._decoded: dict[int, Image.Image] = {}
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -86,7 +118,15 @@ class ImageFolderSource:
     def load_exact(self, index: int, size: int, rng: np.random.Generator) -> np.ndarray:
         """Image ``index`` cropped, or InputError (undecodable, or NaN / infinite pixels)."""
         path = self.paths[index]
-        arr = random_crop_resize(read_image(path), size, rng)
+        img = self._decoded.get(index)
+        if img is None:
+            img = read_image(path)
+            if self.cache_decoded:
+                self._decoded[index] = img
+        if self.scale_range is None:
+            arr = random_crop_resize(img, size, rng)
+        else:
+            arr = random_scaled_crop(img, size, self.scale_range, rng)
         if not np.isfinite(arr).all():
             raise InputError(f"image {path} has NaN or infinite pixel values")
         return arr
@@ -168,8 +208,12 @@ class SyntheticSource:
         return np.ascontiguousarray(arr)
 
 
-def open_source(data: str, seed: int = 0) -> ImageFolderSource | SyntheticSource:
-    return SyntheticSource(seed=seed) if data == SYNTHETIC else ImageFolderSource(data)
+def open_source(
+    data: str, seed: int = 0, scale_range: tuple[float, float] | None = None
+) -> ImageFolderSource | SyntheticSource:
+    """The training images: ``synthetic`` or a folder (cropped at ``scale_range``, see
+    :func:`random_scaled_crop`; synthetic images are drawn at the training size)."""
+    return SyntheticSource(seed=seed) if data == SYNTHETIC else ImageFolderSource(data, scale_range)
 
 
 def data_fingerprint(source: ImageFolderSource | SyntheticSource, data: str) -> dict[str, Any]:

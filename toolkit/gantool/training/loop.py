@@ -222,7 +222,7 @@ def _run(
     cfg, state, plan = prepare_run(cfg_in, resume)
     if cfg.tensorboard:
         summary_writer_class()  # a missing extra fails here, before any folder exists
-    source = open_source(cfg.data, cfg.seed)  # a bad --data fails before a run folder exists
+    source = open_source(cfg.data, cfg.seed, cfg.scale_range())  # a bad --data fails before a run folder exists
     data = data_fingerprint(source, cfg.data)
     if state is not None:
         check_data_unchanged(state.get("data"), data, allow_data_change)
@@ -412,6 +412,9 @@ def _train(
     nets.run_generator.train()
     nets.run_pair.train()
     tick, images = time.perf_counter(), 0
+    # Seconds spent waiting for the DataLoader since the last log line: its share of the
+    # wall time is logged as data_wait (near 0 when the loader keeps up).
+    waited, fetched_at = 0.0, time.perf_counter()
     in_step = False  # True while the networks and optimizers hold part of a step
     with _metrics_writer(run_dir / METRICS_FILE, dist.is_main) as write_metrics, tracker:
         try:
@@ -419,6 +422,7 @@ def _train(
             _, stop_now = dist.step_consensus({}, stop.requested)
             result.interrupted = stop_now
             for batch in [] if stop_now else loader:
+                waited += time.perf_counter() - fetched_at
                 phase = phase_at(step, cfg)
                 batch = (
                     batch[0].to(device, non_blocking=True).contiguous(memory_format=memory_format),
@@ -443,7 +447,8 @@ def _train(
                 if step % cfg.log_every == 0 or step == end:
                     elapsed = time.perf_counter() - tick
                     record = {"step": step, "phase": phase, **values, "images_per_s": images / max(elapsed, 1e-9)}
-                    tick, images = time.perf_counter(), 0
+                    record["data_wait"] = min(1.0, waited / max(elapsed, 1e-9))
+                    tick, images, waited = time.perf_counter(), 0, 0.0
                     result.history.append(record)
                     write_metrics(record)
                     tracker.log_train(record, opt_g.param_groups[0]["lr"], opt_d.param_groups[0]["lr"])
@@ -461,6 +466,7 @@ def _train(
                         stop.checkpoint_requested = False
                         log.info("checkpoint at step %d (SIGUSR1): %s", step, last_good)
                 bar.update(1)
+                fetched_at = time.perf_counter()
                 if stop_now:
                     result.interrupted = True
                     break

@@ -218,7 +218,7 @@ class RunTracker:
     # -------------------------------------------------------------- hooks the loop calls
 
     def log_train(self, record: Mapping[str, Any], lr_g: float, lr_d: float) -> None:
-        """One logged training record (step, phase, losses, d_real / d_fake, images_per_s)."""
+        """One logged training record (step, phase, losses, d_real / d_fake, images_per_s, data_wait)."""
         if not self.enabled:
             return
         self.step, self.phase = int(record["step"]), str(record["phase"])
@@ -230,6 +230,8 @@ class RunTracker:
             if key.startswith(("loss_", "d_")):
                 self.writer.add_scalar(f"{self.phase}/{key}", value, step)
         self.writer.add_scalar("train/images_per_s", record["images_per_s"], step)
+        if "data_wait" in record:
+            self.writer.add_scalar("train/data_wait", record["data_wait"], step)
         self.writer.add_scalar("train/lr_g", lr_g, step)
         self.writer.add_scalar("train/lr_d", lr_d, step)
 
