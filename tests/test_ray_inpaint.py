@@ -567,6 +567,19 @@ def test_a_real_ray_gcs_passes_the_probe(ray_cluster: Any, exported_model: Expor
     assert summary.inpainted == 1 and (tmp_path / "out" / "x.inpainted.png").is_file()
 
 
+@pytest.mark.slow  # the session's cluster: a real GCS
+def test_a_gcs_port_given_as_a_ray_client_address_is_refused(ray_cluster: Any) -> None:
+    # Before the fix: it passed the probe (HTTP/2 greeted), then Ray Client waited 30 s or more.
+    gcs = ray.get_runtime_context().gcs_address
+    start = time.monotonic()
+    with pytest.raises(InputError) as refused:
+        check_reachable(f"ray://{gcs}", timeout=10)
+    assert str(refused.value).startswith(f"cannot reach the Ray cluster at ray://{gcs}: the port speaks HTTP/2 but "
+                                         "is not a Ray Client server: within 10 s it answered UNIMPLEMENTED to Ray "
+                                         "Client's first call")  # fmt: skip
+    assert time.monotonic() - start < 5  # an answer, not a wait
+
+
 @pytest.mark.slow  # a Ray Client server in its own process: ~6 s on 2 loaded cores
 def test_a_real_ray_client_server_passes_the_probe(ray_cluster: Any, subprocess_env: dict[str, str]) -> None:
     # What `ray start --head` runs on 10001, joined to this session's cluster
@@ -584,7 +597,9 @@ def test_a_real_ray_client_server_passes_the_probe(ray_cluster: Any, subprocess_
                 break
             time.sleep(0.2)
         assert server.poll() is None, "the Ray Client server did not start"
-        assert 0 < check_reachable(f"ray://127.0.0.1:{port}", timeout=30) <= 30
+        assert 0 < check_reachable(f"ray://127.0.0.1:{port}", timeout=30) <= 30  # its ping answered
+        with pytest.raises(InputError, match="is not a Ray GCS: within 30 s it answered UNIMPLEMENTED"):
+            check_reachable(f"127.0.0.1:{port}", timeout=30)  # the Ray Client port given as the GCS's
     finally:
         server.terminate()
         server.wait(timeout=60)

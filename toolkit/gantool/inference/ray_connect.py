@@ -153,7 +153,8 @@ def _client_ping() -> bytes | None:
         from ray.core.generated import ray_client_pb2
     except ImportError:
         return None
-    return ray_client_pb2.ClusterInfoRequest(type=ray_client_pb2.ClusterInfoType.PING).SerializeToString()
+    pb: Any = ray_client_pb2  # protobuf's generated names are made at import time: untyped
+    return bytes(pb.ClusterInfoRequest(type=pb.ClusterInfoType.PING).SerializeToString())
 
 
 def tls_credentials(address: str) -> Any:
@@ -181,7 +182,7 @@ def _grpc_cause(details: str | None) -> str:
     """grpcio's last connection error without its code and address: 'Handshake read failed (Socket
     closed)', 'Tls handshake failed (TSI_PROTOCOL_FAILURE)'."""
     found = re.search(r"last error: [A-Z_]+: \S+: ([^:]+)", details or "")
-    return found.group(1).strip() if found else first_line(details or "no cause given")[:120]
+    return found.group(1).strip() if found else ((details or "").strip().splitlines() or ["no cause given"])[0][:120]
 
 
 def check_ray_call(
