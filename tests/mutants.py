@@ -662,6 +662,26 @@ MUTANTS: list[Mutant] = [
         why="a foreign gRPC server or a missing token: ray.init retries for 20 s",
     ),
     Mutant(
+        "torchscript_written_by_torchs_cpp_writer",
+        "export/formats.py",
+        "            torch.jit.save(traced, buffer, _extra_files={TORCHSCRIPT_METADATA_ENTRY: json.dumps(metadata)})",
+        "            torch.jit.save(traced, str(path), _extra_files={TORCHSCRIPT_METADATA_ENTRY: json.dumps(metadata)})\n"
+        "            buffer.write(path.read_bytes())",
+        (f"{ATOMIC}::test_a_write_the_kernel_refuses_half_way_is_one_line_not_an_abort[--torchscript-generator.torchscript.pt]",),
+        ci=False,
+        why="a write refused half-way aborted the process (SIGABRT, exit 134, a C++ stack)",
+    ),
+    Mutant(
+        "pt2_written_by_torchs_cpp_writer",
+        "export/formats.py",
+        "        torch.export.save(program, buffer, extra_files={PT2_METADATA_ENTRY: json.dumps(metadata)})",
+        "        torch.export.save(program, str(path), extra_files={PT2_METADATA_ENTRY: json.dumps(metadata)})\n"
+        "        buffer.write(path.read_bytes())",
+        (f"{ATOMIC}::test_a_write_the_kernel_refuses_half_way_is_one_line_not_an_abort[--pt2-generator.pt2]",),
+        ci=False,
+        why="a write refused half-way aborted the process (SIGABRT, exit 134, a C++ stack)",
+    ),
+    Mutant(
         "ray_client_address_checked_only_to_the_greeting",
         "inference/ray_connect.py",
         "    if request is None:",

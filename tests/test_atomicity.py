@@ -320,6 +320,38 @@ def test_a_signal_during_export_exits_with_its_code_and_leaves_no_temp_files(
     assert [p.name for p in scratch.iterdir() if not p.name.startswith("torchinductor_")] == []
 
 
+# A real write refused by the kernel half-way: a file-size limit (RLIMIT_FSIZE, with SIGXFSZ ignored)
+# makes the write that crosses it fail with EFBIG, as a full disk fails it with ENOSPC, without root
+# or a tiny filesystem. The process imports torch and exports: ~25 s on 2 loaded cores.
+LIMITED_EXPORT = (
+    "import resource, runpy, signal, sys\n"
+    "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+    "resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))\n"  # below each model file's size
+    "sys.argv = ['gantool', *sys.argv[1:]]\n"
+    "runpy.run_module('gantool', run_name='__main__', alter_sys=True)\n"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("flag", "name"), [("--torchscript", "generator.torchscript.pt"), ("--pt2", "generator.pt2")])
+def test_a_write_the_kernel_refuses_half_way_is_one_line_not_an_abort(tmp_path: Path, flag: str, name: str) -> None:
+    # Before the fix: torch's C++ writer wrote the file itself and, refused half-way, aborted the
+    # process (SIGABRT, exit 134) with "c10::Error ... unexpected pos" and its stack frames.
+    import subprocess
+    import sys
+
+    checkpoint = save_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt", _state(3))
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "toolkit")}
+    command = [sys.executable, "-c", LIMITED_EXPORT, "export", str(checkpoint), "-o", str(out), flag, "--no-verify"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert errors == [f"Error: cannot write {out / name}: File too large"], done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "c10::Error" not in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no output folder, no staging folder
+
+
 @pytest.mark.parametrize(("sig", "code", "word"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "stopped")])
 def test_a_signal_the_onnx_exporter_turns_into_its_own_error_still_exits_130_or_143(
     tmp_path: Path, monkeypatch, sig: int, code: int, word: str
