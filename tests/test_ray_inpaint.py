@@ -295,25 +295,50 @@ def _closed_port() -> int:
         return probe.getsockname()[1]
 
 
+@contextlib.contextmanager
+def dropping_syns() -> Iterator[str]:
+    """A loopback address that behaves as an unroutable one: a listener whose accept queue is full
+    (backlog 0, filled by connections it never accepts), so the kernel drops further SYNs and a
+    connect waits unanswered, with no traffic leaving the machine."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    fillers = [socket.socket() for _ in range(4)]
+    try:
+        for filler in fillers:
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(listener.getsockname())
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()
+
+
 # Loopback and an unresolvable name only: a test never sends traffic to another address (an
-# "unroutable" one may be answered by a sandbox's proxy, or by someone's host).
-@pytest.mark.parametrize("kind", ["closed port", "unknown host", "ray client"])
+# "unroutable" one may be answered by a sandbox's proxy, or by someone's host: dropping_syns
+# stands in for it).
+@pytest.mark.parametrize("kind", ["closed port", "unknown host", "ray client", "unroutable"])
 def test_an_unreachable_ray_address_fails_within_the_timeout_in_one_line(
     exported_model: ExportedModel, tmp_path: Path, kind: str
 ) -> None:
-    # Before the fix: a closed port or an unknown host was still retrying after 5 minutes; a
-    # ray:// address ended in a 60-80-line traceback after 20-30 s.
-    address = {
-        "closed port": f"127.0.0.1:{_closed_port()}",
-        "unknown host": "no-such-host.invalid:6379",
-        "ray client": f"ray://127.0.0.1:{_closed_port()}",
-    }[kind]
+    # Before the fix: a closed port or an unknown host was still retrying after 5 minutes; an
+    # unroutable or a ray:// address ended in a 60-80-line traceback after 20-30 s.
     image = tmp_path / "x.png"
     rgba_with_hole(24, 28, 5).save(image)
-    start = time.monotonic()
-    result = CliRunner().invoke(cli, ["inpaint", str(image), "--ray", "--ray-address", address, "--ray-timeout", "2",
-                                      "--model", str(exported_model.folder), "--provider", "cpu"])  # fmt: skip
-    took = time.monotonic() - start
+    with contextlib.ExitStack() as stack:
+        address = {
+            "closed port": f"127.0.0.1:{_closed_port()}",
+            "unknown host": "no-such-host.invalid:6379",
+            "ray client": f"ray://127.0.0.1:{_closed_port()}",
+        }.get(kind) or stack.enter_context(dropping_syns())
+        start = time.monotonic()
+        result = CliRunner().invoke(cli, ["inpaint", str(image), "--ray", "--ray-address", address, "--ray-timeout",
+                                          "2", "--model", str(exported_model.folder), "--provider", "cpu"])  # fmt: skip
+        took = time.monotonic() - start
+    if kind == "unroutable":
+        assert f"({address}): no answer within 2 s;" in result.output, result.output
     assert result.exit_code == 1, result.output
     last = result.output.strip().splitlines()[-1]
     assert last.startswith("Error: ") and address in last, result.output
