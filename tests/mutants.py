@@ -662,6 +662,15 @@ MUTANTS: list[Mutant] = [
         why="a foreign gRPC server or a missing token: ray.init retries for 20 s",
     ),
     Mutant(
+        "compiler_temp_files_in_the_users_tmpdir",
+        "export/formats.py",
+        '    os.environ["TMPDIR"], tempfile.tempdir = str(scratch), str(scratch)',
+        "    pass",
+        (f"{ATOMIC}::test_a_kill_9_during_aoti_leaves_only_a_staging_folder_that_the_next_export_removes",),
+        ci=False,
+        why="a killed --aoti export left the compiler's /tmp/cc*.s files behind",
+    ),
+    Mutant(
         "torchscript_written_by_torchs_cpp_writer",
         "export/formats.py",
         "            torch.jit.save(traced, buffer, _extra_files={TORCHSCRIPT_METADATA_ENTRY: json.dumps(metadata)})",
