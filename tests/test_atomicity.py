@@ -284,7 +284,8 @@ def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
 @pytest.mark.parametrize(
     "sig, code, formats",
     # The signal is sent as soon as the staging folder exists, while the ONNX export runs.
-    [(signal.SIGINT, 130, ["--onnx"]), (signal.SIGTERM, 143, ["--onnx"]), (signal.SIGTERM, 143, ["--aoti"])],
+    [(signal.SIGINT, 130, ["--onnx"]), (signal.SIGTERM, 143, ["--onnx"]), (signal.SIGTERM, 143, ["--aoti"]),
+     (signal.SIGINT, 130, ["--aoti"])],  # fmt: skip
 )
 def test_a_signal_during_export_exits_with_its_code_and_leaves_no_temp_files(
     tmp_path: Path, sig: signal.Signals, code: int, formats: list[str]
