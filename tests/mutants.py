@@ -653,13 +653,73 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "ray_gcs_call_not_made",
         "inference/ray_connect.py",
-        "            check_gcs(address, *target, deadline, timeout)",
-        "            pass",
+        "        check_ray_call(address, *target, deadline, timeout, client=client, credentials=credentials)",
+        "        pass",
         (
             f"{RAYS}::test_a_port_that_answers_but_is_not_ray_is_refused_within_the_timeout[grpc]",
             f"{RAYS}::test_a_missing_or_wrong_ray_token_is_one_line_not_a_20_s_wait",
         ),
         why="a foreign gRPC server or a missing token: ray.init retries for 20 s",
+    ),
+    Mutant(
+        "compiler_temp_files_in_the_users_tmpdir",
+        "export/formats.py",
+        '    os.environ["TMPDIR"], tempfile.tempdir = str(scratch), str(scratch)',
+        "    pass",
+        (f"{ATOMIC}::test_a_kill_9_during_aoti_leaves_only_a_staging_folder_that_the_next_export_removes",),
+        ci=False,
+        why="a killed --aoti export left the compiler's /tmp/cc*.s files behind",
+    ),
+    Mutant(
+        "torchscript_written_by_torchs_cpp_writer",
+        "export/formats.py",
+        "            torch.jit.save(traced, buffer, _extra_files={TORCHSCRIPT_METADATA_ENTRY: json.dumps(metadata)})",
+        "            torch.jit.save(traced, str(path), _extra_files={TORCHSCRIPT_METADATA_ENTRY: json.dumps(metadata)})\n"
+        "            buffer.write(path.read_bytes())",
+        (f"{ATOMIC}::test_a_write_the_kernel_refuses_half_way_is_one_line_not_an_abort[--torchscript-generator.torchscript.pt]",),
+        ci=False,
+        why="a write refused half-way aborted the process (SIGABRT, exit 134, a C++ stack)",
+    ),
+    Mutant(
+        "pt2_written_by_torchs_cpp_writer",
+        "export/formats.py",
+        "        torch.export.save(program, buffer, extra_files={PT2_METADATA_ENTRY: json.dumps(metadata)})",
+        "        torch.export.save(program, str(path), extra_files={PT2_METADATA_ENTRY: json.dumps(metadata)})\n"
+        "        buffer.write(path.read_bytes())",
+        (f"{ATOMIC}::test_a_write_the_kernel_refuses_half_way_is_one_line_not_an_abort[--pt2-generator.pt2]",),
+        ci=False,
+        why="a write refused half-way aborted the process (SIGABRT, exit 134, a C++ stack)",
+    ),
+    Mutant(
+        "ray_client_address_checked_only_to_the_greeting",
+        "inference/ray_connect.py",
+        "    if request is None:",
+        "    if request is None or client:",
+        (
+            f"{RAYS}::test_a_port_that_answers_but_is_not_ray_is_refused_within_the_timeout[ray client, grpc]",
+            f"{RAYS}::test_a_port_that_answers_but_is_not_ray_is_refused_within_the_timeout[ray client, http/2]",
+        ),
+        why="a foreign HTTP/2 or gRPC port passed as a Ray Client server; Ray Client's own wait followed",
+    ),
+    Mutant(
+        "ray_tls_only_tcp_checked",
+        "inference/ray_connect.py",
+        "        check_ray_call(address, *target, deadline, timeout, client=client, credentials=credentials)",
+        "        if not tls:\n"
+        "            check_ray_call(address, *target, deadline, timeout, client=client, credentials=credentials)",
+        (
+            f"{RAYS}::test_with_ray_use_tls_rays_first_call_is_made_over_tls[grpc over tls]",
+            f"{RAYS}::test_with_ray_use_tls_rays_first_call_is_made_over_tls[silent]",
+        ),
+        why="with RAY_USE_TLS only TCP was checked; Ray's handshake waited 20 s or more",
+    ),
+    Mutant(
+        "ray_missing_token_loader_taken_for_no_token",
+        "inference/ray_connect.py",
+        '        logger.debug("cannot tell which token Ray sends (%s): a refused token is left to ray.init", e)\n'
+        "        return None",
+        "        return ()",
+        (f"{RAYS}::test_a_token_is_checked_only_where_rays_loader_tells_which_it_sends",),
     ),
     Mutant(
         "ray_output_folder_not_locked",

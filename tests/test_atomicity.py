@@ -284,7 +284,8 @@ def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
 @pytest.mark.parametrize(
     "sig, code, formats",
     # The signal is sent as soon as the staging folder exists, while the ONNX export runs.
-    [(signal.SIGINT, 130, ["--onnx"]), (signal.SIGTERM, 143, ["--onnx"]), (signal.SIGTERM, 143, ["--aoti"])],
+    [(signal.SIGINT, 130, ["--onnx"]), (signal.SIGTERM, 143, ["--onnx"]), (signal.SIGTERM, 143, ["--aoti"]),
+     (signal.SIGINT, 130, ["--aoti"])],  # fmt: skip
 )
 def test_a_signal_during_export_exits_with_its_code_and_leaves_no_temp_files(
     tmp_path: Path, sig: signal.Signals, code: int, formats: list[str]
@@ -318,6 +319,70 @@ def test_a_signal_during_export_exits_with_its_code_and_leaves_no_temp_files(
     # Only torch's own compile cache (``torchinductor_<user>``, which TMPDIR relocates and torch keeps
     # between runs by design) may be there; no temp file or folder of the export's.
     assert [p.name for p in scratch.iterdir() if not p.name.startswith("torchinductor_")] == []
+
+
+@pytest.mark.slow  # an AOTInductor compile (a minute or more on 2 loaded cores), then an ONNX export
+def test_a_kill_9_during_aoti_leaves_only_a_staging_folder_that_the_next_export_removes(tmp_path: Path) -> None:
+    """`gantool export --aoti` and its compiler processes SIGKILLed while the C++ compile runs (as a
+    job manager kills a job): nothing of it lands in TMPDIR (the compiler's temp files too went into
+    the staging folder), and the next export into the same parent folder removes that folder."""
+    # Before the fix: /tmp/tmp* folders with inductor .cpp/.so and /tmp/cc*.s files were left behind.
+    import subprocess
+    import sys
+
+    checkpoint = save_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt", _state(3))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "toolkit"), "TMPDIR": str(scratch)}
+    export = [sys.executable, "-m", "gantool", "export", str(checkpoint), "--no-verify"]
+    proc = subprocess.Popen([*export, "-o", str(tmp_path / "a"), "--aoti"], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        _wait_for(lambda: any(tmp_path.glob(".gantool-stage-*/**/*.cpp")), 900, "the AOTInductor compile")
+        time.sleep(1)  # the compiler under way
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the exporter and every compiler process it started
+        proc.wait()
+    assert [p.name for p in scratch.iterdir() if not p.name.startswith("torchinductor_")] == []
+    assert len(list(tmp_path.glob(".gantool-stage-*"))) == 1 and not (tmp_path / "a").exists()
+    done = subprocess.run([*export, "-o", str(tmp_path / "b"), "--onnx"], env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "removed 1 leftover staging folder(s) of killed exports" in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "run", "tmp"]
+    assert [p.name for p in scratch.iterdir() if not p.name.startswith("torchinductor_")] == []
+
+
+# A real write refused by the kernel half-way: a file-size limit (RLIMIT_FSIZE, with SIGXFSZ ignored)
+# makes the write that crosses it fail with EFBIG, as a full disk fails it with ENOSPC, without root
+# or a tiny filesystem. The process imports torch and exports: ~25 s on 2 loaded cores.
+LIMITED_EXPORT = (
+    "import resource, runpy, signal, sys\n"
+    "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+    "resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))\n"  # below each model file's size
+    "sys.argv = ['gantool', *sys.argv[1:]]\n"
+    "runpy.run_module('gantool', run_name='__main__', alter_sys=True)\n"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("flag", "name"), [("--torchscript", "generator.torchscript.pt"), ("--pt2", "generator.pt2")])
+def test_a_write_the_kernel_refuses_half_way_is_one_line_not_an_abort(tmp_path: Path, flag: str, name: str) -> None:
+    # Before the fix: torch's C++ writer wrote the file itself and, refused half-way, aborted the
+    # process (SIGABRT, exit 134) with "c10::Error ... unexpected pos" and its stack frames.
+    import subprocess
+    import sys
+
+    checkpoint = save_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt", _state(3))
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "toolkit")}
+    command = [sys.executable, "-c", LIMITED_EXPORT, "export", str(checkpoint), "-o", str(out), flag, "--no-verify"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert errors == [f"Error: cannot write {out / name}: File too large"], done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "c10::Error" not in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no output folder, no staging folder
 
 
 @pytest.mark.parametrize(("sig", "code", "word"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "stopped")])

@@ -301,6 +301,7 @@ def test_a_foreign_model_file_without_metadata_in_an_export_folder_is_refused_na
     for model in (a, a / "generator.onnx", a / "generator.torchscript.pt"):
         result = inpaint(photo(tmp_path), "--box", "1,1,4,4", "--model", model, "--overwrite")
         assert result.exit_code == 1 and f"{a / 'generator.onnx'} carries no gantool metadata" in result.output
+        assert result.output.count("\n") == 1 and "Traceback" not in result.output, result.output  # one line
 
 
 def test_a_file_of_another_export_of_the_same_weights_is_refused(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -294,25 +295,50 @@ def _closed_port() -> int:
         return probe.getsockname()[1]
 
 
+@contextlib.contextmanager
+def dropping_syns() -> Iterator[str]:
+    """A loopback address that behaves as an unroutable one: a listener whose accept queue is full
+    (backlog 0, filled by connections it never accepts), so the kernel drops further SYNs and a
+    connect waits unanswered, with no traffic leaving the machine."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    fillers = [socket.socket() for _ in range(4)]
+    try:
+        for filler in fillers:
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(listener.getsockname())
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()
+
+
 # Loopback and an unresolvable name only: a test never sends traffic to another address (an
-# "unroutable" one may be answered by a sandbox's proxy, or by someone's host).
-@pytest.mark.parametrize("kind", ["closed port", "unknown host", "ray client"])
+# "unroutable" one may be answered by a sandbox's proxy, or by someone's host: dropping_syns
+# stands in for it).
+@pytest.mark.parametrize("kind", ["closed port", "unknown host", "ray client", "unroutable"])
 def test_an_unreachable_ray_address_fails_within_the_timeout_in_one_line(
     exported_model: ExportedModel, tmp_path: Path, kind: str
 ) -> None:
-    # Before the fix: a closed port or an unknown host was still retrying after 5 minutes; a
-    # ray:// address ended in a 60-80-line traceback after 20-30 s.
-    address = {
-        "closed port": f"127.0.0.1:{_closed_port()}",
-        "unknown host": "no-such-host.invalid:6379",
-        "ray client": f"ray://127.0.0.1:{_closed_port()}",
-    }[kind]
+    # Before the fix: a closed port or an unknown host was still retrying after 5 minutes; an
+    # unroutable or a ray:// address ended in a 60-80-line traceback after 20-30 s.
     image = tmp_path / "x.png"
     rgba_with_hole(24, 28, 5).save(image)
-    start = time.monotonic()
-    result = CliRunner().invoke(cli, ["inpaint", str(image), "--ray", "--ray-address", address, "--ray-timeout", "2",
-                                      "--model", str(exported_model.folder), "--provider", "cpu"])  # fmt: skip
-    took = time.monotonic() - start
+    with contextlib.ExitStack() as stack:
+        address = {
+            "closed port": f"127.0.0.1:{_closed_port()}",
+            "unknown host": "no-such-host.invalid:6379",
+            "ray client": f"ray://127.0.0.1:{_closed_port()}",
+        }.get(kind) or stack.enter_context(dropping_syns())
+        start = time.monotonic()
+        result = CliRunner().invoke(cli, ["inpaint", str(image), "--ray", "--ray-address", address, "--ray-timeout",
+                                          "2", "--model", str(exported_model.folder), "--provider", "cpu"])  # fmt: skip
+        took = time.monotonic() - start
+    if kind == "unroutable":
+        assert f"({address}): no answer within 2 s;" in result.output, result.output
     assert result.exit_code == 1, result.output
     last = result.output.strip().splitlines()[-1]
     assert last.startswith("Error: ") and address in last, result.output
@@ -403,7 +429,7 @@ def test_the_http2_greeting_tells_a_grpc_server_from_other_listeners(kind: str) 
         assert took < 1.5  # an answer (or a hang-up) is taken at once
 
 
-@pytest.mark.parametrize("kind", FOREIGN + ["ray client, silent"])
+@pytest.mark.parametrize("kind", FOREIGN + ["ray client, silent", "ray client, http/2", "ray client, grpc"])
 def test_a_port_that_answers_but_is_not_ray_is_refused_within_the_timeout(kind: str) -> None:
     # Before the fix: such a port passed the TCP check and Ray's own handshake waited ~40 s on a
     # quiet machine and over 300 s under load (20 s for a foreign gRPC server), past any --ray-timeout.
@@ -422,9 +448,136 @@ def test_a_port_that_answers_but_is_not_ray_is_refused_within_the_timeout(kind: 
         "http/2": "speaks HTTP/2 but is not a Ray GCS: within 2 s it did not answer Ray's first call;",
         "grpc": "speaks HTTP/2 but is not a Ray GCS: within 2 s it answered UNIMPLEMENTED to Ray's first call",
         "ray client, silent": "does not speak gRPC, so it is not a Ray Client server: within 2 s it stayed silent;",
+        # Before the fix a ray:// address was checked up to the greeting: these two passed, and Ray
+        # Client's own wait (30 s or more) followed.
+        "ray client, http/2": "speaks HTTP/2 but is not a Ray Client server: within 2 s it did not answer Ray Client's "
+        "first call;",
+        "ray client, grpc": "speaks HTTP/2 but is not a Ray Client server: within 2 s it answered UNIMPLEMENTED to Ray "
+        "Client's first call",
     }[kind]
     assert what in message and "6379 by default" in message, message
     assert took < 2 + 3  # the timeout, plus slack for a loaded machine
+
+
+@contextlib.contextmanager
+def grpc_stand_in(
+    *, ray_client: bool = False, unauthenticated: bool = False, tls: tuple[bytes, bytes] | None = None
+) -> Iterator[str]:
+    """A real gRPC server on a loopback port (grpcio, which Ray needs), its address: serving nothing,
+    or Ray Client's ping through Ray's own generated servicer (``ray_client``), or answering every
+    call UNAUTHENTICATED as a Ray GCS with token authentication does; over TLS with ``tls`` (key, cert)."""
+    import grpc
+    from ray.core.generated import ray_client_pb2, ray_client_pb2_grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    if ray_client:
+
+        class Driver(ray_client_pb2_grpc.RayletDriverServicer):
+            def ClusterInfo(self, request: Any, context: Any) -> Any:  # noqa: N802 (Ray's name)
+                assert request.type == ray_client_pb2.ClusterInfoType.PING
+                return ray_client_pb2.ClusterInfoResponse(json="{}")
+
+        ray_client_pb2_grpc.add_RayletDriverServicer_to_server(Driver(), server)
+    if unauthenticated:
+
+        def refuse(request: bytes, context: Any) -> None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "no token")
+
+        handler = grpc.unary_unary_rpc_method_handler(refuse)
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(service, {method: handler})
+                                         for service, method in [("ray.rpc.NodeInfoGcsService", "GetClusterId"),
+                                                                 ("ray.rpc.RayletDriver", "ClusterInfo")]])  # fmt: skip
+    if tls is None:
+        port = server.add_insecure_port("127.0.0.1:0")
+    else:
+        port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials([tls]))
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(None)
+
+
+def test_a_server_answering_ray_clients_ping_passes_the_probe() -> None:
+    with grpc_stand_in(ray_client=True) as address:
+        start = time.monotonic()
+        assert 0 < check_reachable(f"ray://{address}", timeout=5) <= 5
+        assert time.monotonic() - start < 2  # one call, answered at once
+        with pytest.raises(InputError, match="is not a Ray GCS: within 5 s it answered UNIMPLEMENTED"):
+            check_reachable(address, timeout=5)  # the Ray Client port given as a GCS address
+
+
+@pytest.mark.parametrize("client", [False, True], ids=["gcs", "ray client"])
+def test_a_token_is_checked_only_where_rays_loader_tells_which_it_sends(
+    client: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from ray._private.authentication import grpc_authentication_client_interceptor as ray_tokens
+
+    with grpc_stand_in(unauthenticated=True) as address:
+        address = f"ray://{address}" if client else address
+        with pytest.raises(InputError) as refused:  # Ray's loader says what this process sends: a verdict
+            check_reachable(address, timeout=5)
+        assert str(refused.value).startswith(f"cannot connect to the Ray cluster at {address}: it requires token "
+                                             "authentication and ")  # fmt: skip
+        # A Ray whose private loader is gone: no verdict on tokens (ray.init reports a refusal), and a debug line
+        monkeypatch.delattr(ray_tokens, "_get_authentication_metadata_tuple")
+        with caplog.at_level(logging.DEBUG, logger="gantool.inference.ray_connect"):
+            assert 0 < check_reachable(address, timeout=5) <= 5
+    assert any("cannot tell which token Ray sends" in r.getMessage() for r in caplog.records), caplog.records
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A self-signed certificate for 127.0.0.1 (openssl, ~0.1 s), as Ray's TLS variables name it:
+    one certificate and key for both ends, and the same certificate as the CA."""
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command to make a certificate")
+    folder = tmp_path_factory.mktemp("tls")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(folder / "key.pem"), "-out", str(folder / "cert.pem"), "-days", "2",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+                   check=True, capture_output=True, timeout=60)  # fmt: skip
+    cert, key = str(folder / "cert.pem"), str(folder / "key.pem")
+    return {"RAY_USE_TLS": "1", "RAY_TLS_SERVER_CERT": cert, "RAY_TLS_SERVER_KEY": key, "RAY_TLS_CA_CERT": cert}
+
+
+@pytest.mark.parametrize("kind", ["ray client over tls", "grpc over tls", "plain grpc", "silent", "no key"])
+def test_with_ray_use_tls_rays_first_call_is_made_over_tls(
+    kind: str, tls_files: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before the fix only the TCP connection was checked with RAY_USE_TLS: every case passed, and
+    # Ray's own handshake (20 s or more) followed.
+    for name, value in tls_files.items():
+        monkeypatch.setenv(name, value)
+    if kind == "no key":
+        monkeypatch.delenv("RAY_TLS_SERVER_KEY")
+    pem = (Path(tls_files["RAY_TLS_SERVER_KEY"]).read_bytes(), Path(tls_files["RAY_TLS_SERVER_CERT"]).read_bytes())
+    server = {
+        "ray client over tls": grpc_stand_in(ray_client=True, tls=pem),
+        "grpc over tls": grpc_stand_in(tls=pem),
+        "plain grpc": grpc_stand_in(),
+    }.get(kind, foreign_server("silent"))
+    with server as address:
+        address = f"ray://{address}" if kind == "ray client over tls" else address
+        start = time.monotonic()
+        if kind == "ray client over tls":
+            assert 0 < check_reachable(address, timeout=1) <= 1
+            return
+        with pytest.raises(InputError) as refused:
+            check_reachable(address, timeout=1)
+        took = time.monotonic() - start
+    message = str(refused.value)
+    expected = {
+        "grpc over tls": f"cannot reach the Ray cluster at {address}: the port speaks gRPC over TLS but is not a Ray "
+        "GCS: within 1 s it answered UNIMPLEMENTED to Ray's first call",
+        "plain grpc": f"cannot reach the Ray cluster at {address}: the port answers but no TLS connection was made "
+        "(RAY_USE_TLS is set): within 1 s it failed: ",
+        "silent": f"cannot reach the Ray cluster at {address}: the port answers but no TLS connection was made "
+        "(RAY_USE_TLS is set): within 1 s it stayed silent;",
+        "no key": f"cannot connect to the Ray cluster at {address}: RAY_USE_TLS is set but RAY_TLS_SERVER_KEY is not: Ray needs all of RAY_TLS_SERVER_CERT, ",
+    }[kind]
+    assert "\n" not in message and message.startswith(expected), message
+    assert took < 1 + 3  # the timeout, plus slack for a loaded machine
 
 
 def test_a_real_ray_gcs_passes_the_probe(ray_cluster: Any, exported_model: ExportedModel, tmp_path: Path) -> None:
@@ -437,6 +590,19 @@ def test_a_real_ray_gcs_passes_the_probe(ray_cluster: Any, exported_model: Expor
     rgba_with_hole(24, 28, 5).save(image)
     summary = ray_run(exported_model, [image], tmp_path / "out", address=gcs, timeout=30)
     assert summary.inpainted == 1 and (tmp_path / "out" / "x.inpainted.png").is_file()
+
+
+@pytest.mark.slow  # the session's cluster: a real GCS
+def test_a_gcs_port_given_as_a_ray_client_address_is_refused(ray_cluster: Any) -> None:
+    # Before the fix: it passed the probe (HTTP/2 greeted), then Ray Client waited 30 s or more.
+    gcs = ray.get_runtime_context().gcs_address
+    start = time.monotonic()
+    with pytest.raises(InputError) as refused:
+        check_reachable(f"ray://{gcs}", timeout=10)
+    assert str(refused.value).startswith(f"cannot reach the Ray cluster at ray://{gcs}: the port speaks HTTP/2 but "
+                                         "is not a Ray Client server: within 10 s it answered UNIMPLEMENTED to Ray "
+                                         "Client's first call")  # fmt: skip
+    assert time.monotonic() - start < 5  # an answer, not a wait
 
 
 @pytest.mark.slow  # a Ray Client server in its own process: ~6 s on 2 loaded cores
@@ -456,7 +622,9 @@ def test_a_real_ray_client_server_passes_the_probe(ray_cluster: Any, subprocess_
                 break
             time.sleep(0.2)
         assert server.poll() is None, "the Ray Client server did not start"
-        assert 0 < check_reachable(f"ray://127.0.0.1:{port}", timeout=30) <= 30
+        assert 0 < check_reachable(f"ray://127.0.0.1:{port}", timeout=30) <= 30  # its ping answered
+        with pytest.raises(InputError, match="is not a Ray GCS: within 30 s it answered UNIMPLEMENTED"):
+            check_reachable(f"127.0.0.1:{port}", timeout=30)  # the Ray Client port given as the GCS's
     finally:
         server.terminate()
         server.wait(timeout=60)

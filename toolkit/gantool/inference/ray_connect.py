@@ -3,7 +3,8 @@
 Ray retries an unreachable address for minutes, waits 20 s to minutes on a port
 that answers but is not Ray, and a ``ray://`` address ends in a long traceback:
 :func:`check_reachable` probes the address first (a TCP connection, HTTP/2's
-greeting, which every gRPC server answers, and the GCS's first call) and
+greeting, which every gRPC server answers, and Ray's first call: the GCS's, or Ray Client's
+ping for a ``ray://`` address; over TLS with ``RAY_USE_TLS``) and
 :func:`connect` bounds ``ray.init`` by what is left of the same timeout, so every
 failure is one line naming the address. :class:`FolderLock` keeps two runs out of one output folder;
 :func:`sigterm_as_interrupt` lets SIGTERM end a run as Ctrl-C does, so the manifest
@@ -17,6 +18,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import signal
 import socket
 import threading
@@ -83,6 +85,12 @@ HTTP2_EMPTY_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 # server answers UNIMPLEMENTED, and a GCS a missing or wrong token UNAUTHENTICATED, where
 # ray.init would retry either for about 20 s and end in "Failed to connect".
 GCS_PROBE_METHOD = "/ray.rpc.NodeInfoGcsService/GetClusterId"
+# Ray Client's own first call (its ping: ClusterInfo of type PING), which a Ray Client server
+# answers at once, before any session exists; a GCS or a foreign gRPC server: UNIMPLEMENTED.
+CLIENT_PROBE_METHOD = "/ray.rpc.RayletDriver/ClusterInfo"
+TLS_FILES = ("RAY_TLS_SERVER_CERT", "RAY_TLS_SERVER_KEY", "RAY_TLS_CA_CERT")  # what Ray reads with RAY_USE_TLS
+
+logger = logging.getLogger(__name__)
 
 
 def _shown(data: bytes) -> str:
@@ -122,34 +130,99 @@ TOKEN_SOURCES = "RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token"
 
 def _ray_auth_metadata() -> tuple[tuple[str, str], ...] | None:
     """The token header ray.init would send from this process (none unless RAY_AUTH_MODE=token),
-    or None where this Ray does not tell (then a refused token is left to ray.init to report)."""
-    try:  # Ray's own loader (private, hence the guard), so the probe sends exactly what Ray will
+    or None where this Ray does not tell: then a refused token is left to ray.init to report."""
+    # Ray has no public way to ask: its own loader is private, hence the guards, so that the probe
+    # sends exactly what Ray will or, where that is gone, gives no verdict on tokens at all.
+    try:
         from ray._private.authentication.grpc_authentication_client_interceptor import (
             _get_authentication_metadata_tuple,
         )
-
+    except ImportError as e:
+        logger.debug("cannot tell which token Ray sends (%s): a refused token is left to ray.init", e)
+        return None
+    try:
         return tuple(_get_authentication_metadata_tuple())
-    except Exception:
+    except Exception as e:  # a token file Ray cannot read, say: ray.init reports it in its words
+        logger.debug("Ray's token loader failed (%s): a refused token is left to ray.init", first_line(e))
         return None
 
 
-def check_gcs(address: str, host: str, port: int, deadline: float, timeout: float) -> None:
-    """Ray's first call (the cluster id) to the gRPC server at host:port before ``deadline``, as
-    ray.init makes it; one InputError where ray.init would retry for 20 s or more: no such
-    service (a foreign gRPC server), silence, or a token it lacks or refuses."""
+def _client_ping() -> bytes | None:
+    """Ray Client's ping request, serialised by Ray's own generated module (None without Ray)."""
+    try:
+        from ray.core.generated import ray_client_pb2
+    except ImportError:
+        return None
+    pb: Any = ray_client_pb2  # protobuf's generated names are made at import time: untyped
+    return bytes(pb.ClusterInfoRequest(type=pb.ClusterInfoType.PING).SerializeToString())
+
+
+def tls_credentials(address: str) -> Any:
+    """grpcio's TLS credentials from Ray's own variables (as Ray builds them), or one InputError."""
+    import grpc
+
+    missing = [name for name in TLS_FILES if not os.environ.get(name)]
+    if missing:
+        raise InputError(
+            f"cannot connect to the Ray cluster at {address}: RAY_USE_TLS is set but {', '.join(missing)} is not: Ray needs all of {', '.join(TLS_FILES)}"
+        )
+    pem = []
+    for name in TLS_FILES:
+        try:
+            pem.append(Path(os.environ[name]).read_bytes())
+        except OSError as e:
+            raise InputError(
+                f"cannot connect to the Ray cluster at {address}: cannot read {name} ({os.environ[name]}): {e.strerror or e}"
+            ) from None
+    cert, key, ca = pem
+    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
+def _grpc_cause(details: str | None) -> str:
+    """grpcio's last connection error without its code and address: 'Handshake read failed (Socket
+    closed)', 'Tls handshake failed (TSI_PROTOCOL_FAILURE)'."""
+    found = re.search(r"last error: [A-Z_]+: \S+: ([^:]+)", details or "")
+    return found.group(1).strip() if found else ((details or "").strip().splitlines() or ["no cause given"])[0][:120]
+
+
+def check_ray_call(
+    address: str,
+    host: str,
+    port: int,
+    deadline: float,
+    timeout: float,
+    *,
+    client: bool = False,
+    credentials: Any = None,
+) -> None:
+    """Ray's first call to the gRPC server at host:port before ``deadline``, as ray.init (or, for a
+    ``ray://`` address, Ray Client) makes it: the GCS's cluster id, or Ray Client's ping; both
+    change nothing. One InputError where Ray would retry for 20 s or more: no such service (a
+    foreign gRPC server), silence, a token it lacks or refuses, and with TLS (``credentials``) a
+    handshake that fails."""
     try:
         import grpc  # comes with Ray
     except ImportError:
         return
+    method, request = (CLIENT_PROBE_METHOD, _client_ping()) if client else (GCS_PROBE_METHOD, b"")
+    if request is None:
+        return
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     token = _ray_auth_metadata()
-    with grpc.insecure_channel(target, options=[("grpc.enable_http_proxy", 0)]) as channel:
-        call = channel.unary_unary(GCS_PROBE_METHOD)  # no (de)serializers: bytes; b"" is an empty request
+    options = [("grpc.enable_http_proxy", 0)]
+    states: list[Any] = []  # the channel's states: READY means the TLS and HTTP/2 handshakes were done
+    channel = (
+        grpc.secure_channel(target, credentials, options) if credentials else grpc.insecure_channel(target, options)
+    )
+    with channel:
+        channel.subscribe(states.append)
+        call = channel.unary_unary(method)  # no (de)serializers: bytes in, bytes out
         try:
-            call(b"", timeout=max(deadline - time.monotonic(), 0.05), metadata=token or ())
+            call(request, timeout=max(deadline - time.monotonic(), 0.05), metadata=token or ())
             return
         except grpc.RpcError as e:
-            code = e.code()
+            code, details = e.code(), e.details()
+    first = "Ray Client's first call" if client else "Ray's first call"
     if code == grpc.StatusCode.UNAUTHENTICATED:  # it is Ray, with token authentication
         if token is None:
             return  # which token Ray sends is unknown here: no verdict
@@ -162,13 +235,28 @@ def check_gcs(address: str, host: str, port: int, deadline: float, timeout: floa
             )
         )
     what = {
-        grpc.StatusCode.UNIMPLEMENTED: "answered UNIMPLEMENTED to Ray's first call (a foreign gRPC service, "
-        "or a much older Ray)",
-        grpc.StatusCode.DEADLINE_EXCEEDED: "did not answer Ray's first call",
+        grpc.StatusCode.UNIMPLEMENTED: f"answered UNIMPLEMENTED to {first} (a foreign gRPC service, or a much older Ray)",
+        grpc.StatusCode.DEADLINE_EXCEEDED: f"did not answer {first}",
     }.get(code)
-    if what is not None:  # anything else (e.g. a GCS going down) is left to ray.init to report
+    service = "Ray Client server" if client else "Ray GCS"
+    handshaken = credentials is None or grpc.ChannelConnectivity.READY in states
+    if (
+        credentials is not None
+        and not handshaken
+        and code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+    ):
+        cause = (
+            "it stayed silent" if code == grpc.StatusCode.DEADLINE_EXCEEDED else f"it failed: {_grpc_cause(details)}"
+        )
         raise InputError(
-            f"cannot reach the Ray cluster at {address}: the port speaks HTTP/2 but is not a Ray GCS: "
+            f"cannot reach the Ray cluster at {address}: the port answers but no TLS connection was made "
+            f"(RAY_USE_TLS is set): within {timeout:g} s {cause}; is TLS on at that port, and are "
+            "RAY_TLS_SERVER_CERT, RAY_TLS_SERVER_KEY and RAY_TLS_CA_CERT the cluster's?"
+        )
+    if what is not None:  # anything else (e.g. a GCS going down) is left to ray.init to report
+        spoken = "HTTP/2" if credentials is None else "gRPC over TLS"
+        raise InputError(
+            f"cannot reach the Ray cluster at {address}: the port speaks {spoken} but is not a {service}: "
             f"within {timeout:g} s it {what}; {WHICH_PORT}"
         )
 
@@ -180,14 +268,15 @@ def check_reachable(address: str, timeout: float) -> float:
     Ray itself retries an unreachable address for minutes, and waits 20 s to minutes on a port that
     answers but is not Ray: an unresolvable host, a closed port, an unroutable address, a server
     that stays silent, hangs up or speaks another protocol, a foreign gRPC server and a missing or
-    refused Ray token are all caught here in at most ``timeout``. (With ``RAY_USE_TLS`` only the TCP
-    connection is checked; a ``ray://`` address up to the HTTP/2 greeting.)"""
+    refused Ray token are all caught here in at most ``timeout``. With ``RAY_USE_TLS`` the greeting is
+    left out (it is inside TLS) and Ray's first call is made over TLS with Ray's certificates."""
     target = _split_address(address)
     if target is None:
         return timeout
     deadline = time.monotonic() + timeout
     tls = os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true")  # as Ray reads it
     client = address.startswith("ray://")  # Ray Client's server is gRPC too, but serves no GCS
+    credentials = tls_credentials(address) if tls else None  # a missing certificate: refused before any wait
     outcome: list[BaseException | str | None] = []
     connected = threading.Event()
 
@@ -212,8 +301,7 @@ def check_reachable(address: str, timeout: float) -> float:
             f"not a Ray {'Client server' if client else 'GCS'}: within {timeout:g} s {found}; {WHICH_PORT}"
         )
     if outcome and found is None:  # a gRPC server (or, with TLS, a TCP port): Ray's first call next
-        if not tls and not client:
-            check_gcs(address, *target, deadline, timeout)
+        check_ray_call(address, *target, deadline, timeout, client=client, credentials=credentials)
         return max(deadline - time.monotonic(), 0.0)
     cause: str = f"no answer within {timeout:g} s"
     if isinstance(found, OSError) and not isinstance(found, TimeoutError):
