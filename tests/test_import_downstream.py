@@ -238,17 +238,15 @@ def test_info_shows_the_architecture_of_an_imported_checkpoint_and_of_gantools_o
 
 @pytest.mark.slow  # a full-width export and a `gantool serve` process: minutes on 2 loaded cores
 def test_full_width_imported_model_serves_and_evaluates_as_the_oracle(
-    tmp_path_factory: pytest.TempPathFactory, subprocess_env: dict[str, str]
+    tmp_path_factory: pytest.TempPathFactory, subprocess_env: dict[str, str], tmp_path: Path
 ):
     model = imported_model(tmp_path_factory.mktemp("full_width"), width=64, formats=("onnx",))
     assert model.export is not None
-    with serve_process(["--model", str(model.export), "--provider", "cpu", "--blend", "none"], subprocess_env) as (
-        url,
-        _,
-        _,
-    ):
+    args = ["--model", str(model.export), "--provider", "cpu", "--blend", "none"]
+    with serve_process(args, subprocess_env) as (url, _, _):
         wait_ready(url, timeout=300)
         pixels, hole = photo(40, 36, 9)
         status, body = post_inpaint(url, pixels, hole)
         assert status == 200
         assert_matches_oracle(np.asarray(decode(body).convert("RGB")), pixels, hole, model)
+    check_eval(model, model.export, "onnx", tmp_path)
