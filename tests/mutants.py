@@ -959,6 +959,13 @@ MUTANTS: list[Mutant] = [
         "    except GantoolError:\n        raise\n",
         ("test_atomicity.py::test_a_signal_the_onnx_exporter_turns_into_its_own_error_still_exits_130_or_143",),
     ),
+    Mutant(
+        "info_never_says_imported",
+        "export/exporter.py",
+        "        imported = meta.get(META_TRAIN_PHASE) == IMPORTED_PHASE\n",
+        "        imported = False\n",
+        ("test_import_downstream.py::test_info_shows_the_architecture_variant_of_an_imported_models_weights",),
+    ),
 ]
 
 

@@ -28,6 +28,7 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
+import import_helpers
 import inpaint_helpers
 from gantool.cli import cli
 from gantool.core.constants import RAY_MANIFEST_NAME
@@ -36,9 +37,11 @@ from gantool.inference.pipeline import FileResult, run_inpaint
 from gantool.inference.ray import DIE_ON_ENV, plan_actors, ray_inpaint
 from gantool.inference.ray_connect import HTTP2_EMPTY_SETTINGS, FolderLock, check_reachable, http2_greeting
 from gantool.runtime.backends import load_backend
+from import_helpers import ImportedModel, assert_matches_oracle, photo, save_photo
 from inpaint_helpers import ExportedModel, box_mask_image, textured_rgb
 
 exported_model = inpaint_helpers.exported_model  # the session's tiny exported model (a fixture)
+exported_glcic = import_helpers.exported_glcic  # an imported GLCIC-PyTorch model, exported (a fixture)
 ray = pytest.importorskip("ray")  # the `ray` extra; installed in CI (the dev extra), so these run there
 
 
@@ -797,3 +800,35 @@ def test_no_empty_ray_temp_folders_are_left(ray_cluster: Any, exported_model: Ex
     assert summary.inpainted == 5
     after = set(root.iterdir()) if root.is_dir() else set()
     assert after == before, after - before
+
+
+# ------------------------------------------------------------- an imported GLCIC-PyTorch model
+
+
+@pytest.mark.slow  # Ray actors load an imported model's export (the session's export: half a minute loaded)
+def test_cli_ray_inpaints_an_imported_model_as_the_oracle(
+    ray_cluster: Any, exported_glcic: ImportedModel, tmp_path: Path
+) -> None:
+    """`gantool inpaint --ray` on GLCIC-PyTorch weights imported by gantool: every output equals
+    GLCIC-PyTorch's forward composited onto the known pixels (tests/glcic_oracle.py), and the
+    local pipeline's bytes."""
+    assert exported_glcic.export is not None
+    folder, masks = tmp_path / "album", tmp_path / "masks"
+    inputs = {}
+    for seed, (height, width) in enumerate([(40, 48), (36, 44), (44, 40)]):
+        pixels, hole = photo(height, width, 20 + seed)
+        image, mask = save_photo(folder, f"p{seed}", pixels, hole)
+        masks.mkdir(exist_ok=True)
+        mask.rename(masks / image.name)
+        inputs[image.name] = (pixels, hole)
+    common = [str(folder), "--mask", str(masks), "--model", str(exported_glcic.export), "--provider", "cpu",
+              "--backend", "onnx", "--blend", "none"]  # fmt: skip
+    result = CliRunner().invoke(cli, ["inpaint", *common, "--ray", "--actors", "2", "-o", str(tmp_path / "ray")])
+    assert result.exit_code == 0, result.output
+    assert "3 inpainted, 0 failed" in result.output
+    local = CliRunner().invoke(cli, ["inpaint", *common, "-o", str(tmp_path / "local")])
+    assert local.exit_code == 0, local.output
+    assert png_bytes(tmp_path / "ray") == png_bytes(tmp_path / "local")
+    for name, (pixels, hole) in inputs.items():
+        with Image.open(tmp_path / "ray" / name.replace(".png", ".inpainted.png")) as out:
+            assert_matches_oracle(np.asarray(out.convert("RGB")), pixels, hole, exported_glcic)

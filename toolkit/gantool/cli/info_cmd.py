@@ -9,12 +9,32 @@ from typing import Any
 
 import click
 
+from gantool.core.constants import BLOCK_ORDERS
 from gantool.core.errors import GantoolError, ModelError
 from gantool.export.provenance import find_machine_traces
 
 
 def _value(value: Any) -> str:
     return json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value)
+
+
+def architecture_line(arch: dict[str, Any]) -> str:
+    """One line of the architecture variant: what a user checks before trusting an imported model."""
+    glcic = arch["block_order"] == BLOCK_ORDERS[1]
+    order = "conv -> ReLU -> BN" if glcic else "conv -> BN -> ReLU"
+    bias = "with" if arch["conv_bias"] else "without"
+    fill = ", ".join(f"{v:.4f}" for v in arch["fill"])
+    return (
+        f"architecture: width {arch['width']}, {order} blocks {bias} conv biases "
+        f"({'GLCIC-PyTorch' if glcic else 'gantool'}'s), fill {fill}, "
+        f"training size {arch['train_size']} px (local {arch['local_size']} px)"
+        + ("; imported" if arch["imported"] else "")
+    )
+
+
+def _imported_line(source: dict[str, Any]) -> str:
+    files = ", ".join(f"{f['file']} (sha256 {f['sha256'][:12]})" for f in source.get("files", {}).values())
+    return f"imported from: {source.get('format')}: {files}"
 
 
 def _warn_traces(file: Path, traces: list[str]) -> None:
@@ -58,6 +78,10 @@ def info(file: Path, as_json: bool) -> None:
     for warning in description["warnings"]:
         if warning not in traces:
             click.echo(f"warning: {warning}", err=True)
+    if description.get("architecture"):
+        click.echo(architecture_line(description["architecture"]))
+    if description.get("imported_from"):
+        click.echo(_imported_line(description["imported_from"]))
     if is_model:
         if "auto" in description:
             auto = description["auto"]

@@ -74,6 +74,19 @@ class ModelConfig:
         d["fill"] = [float(v) for v in self.fill]
         return d
 
+    def architecture(self, imported: bool) -> dict[str, Any]:
+        """The architecture variant and processing facts ``gantool info`` shows (``imported``:
+        the weights came from ``gantool import``, not from gantool's training)."""
+        return {
+            "width": self.width,
+            "block_order": self.block_order,
+            "conv_bias": self.conv_bias,
+            "fill": [float(v) for v in self.fill],
+            "train_size": self.size,
+            "local_size": self.local_size,
+            "imported": imported,
+        }
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
         known = {f.name for f in fields(cls)}

@@ -134,6 +134,7 @@ IMPORT_CHECKPOINT = "checkpoint.pt"
 IMPORT_REPORT = "import_report.json"
 # What `gantool import` reads (see gantool.training.glcic_import).
 IMPORT_FORMATS = ("glcic-pytorch",)
+IMPORTED_PHASE = "imported"  # an imported checkpoint's phase: it was not trained by gantool
 SAMPLES_DIR = "samples"
 TENSORBOARD_DIR = "tensorboard"
 RUN_EXPORT_DIR = "export"  # where `gantool export` writes by default

@@ -58,13 +58,21 @@ from gantool.core.artifacts import (
     META_TRAIN_STEP,
     META_VERSION,
     META_WEIGHTS_SHA256,
+    config_from_metadata,
     decode_metadata,
     export_files,
     gantool_metadata,
     model_kind,
     read_model_metadata,
 )
-from gantool.core.constants import CHECKPOINTS_DIR, DEFAULT_INT8_MIN_PSNR, DEFAULT_PREFER, RUN_EXPORT_DIR
+from gantool.core.config import ModelConfig
+from gantool.core.constants import (
+    CHECKPOINTS_DIR,
+    DEFAULT_INT8_MIN_PSNR,
+    DEFAULT_PREFER,
+    IMPORTED_PHASE,
+    RUN_EXPORT_DIR,
+)
 from gantool.core.errors import CheckpointError, GantoolError, InputError, ModelError, StopRequested
 from gantool.core.fileio import (
     atomic_write_text,
@@ -468,11 +476,15 @@ def describe_file(path: str | Path) -> dict[str, Any]:
         meta = read_model_metadata(path)
         bad = file_non_finite_weights(path, kind)
         traces = find_machine_traces(path)  # absolute paths or stack traces it would leak
+        imported = meta.get(META_TRAIN_PHASE) == IMPORTED_PHASE
         return {
             "file": str(path),
             "kind": kind,
             "bytes": path.stat().st_size,
             "precision": meta.get(META_PRECISION, "fp32"),  # what runs by default (--precision bf16 aside)
+            "architecture": config_from_metadata(meta, path).architecture(imported)
+            if META_MODEL_CONFIG in meta
+            else None,
             "metadata": decode_metadata(meta),
             "machine_traces": traces,
             "warnings": ([f"non-finite weights: {bad}"] if bad else []) + traces,
@@ -488,6 +500,8 @@ def describe_file(path: str | Path) -> dict[str, Any]:
         "step": int(state["step"]),
         "phase": state["phase"],
         "model_config": state["model_config"],
+        "architecture": ModelConfig.from_dict(state["model_config"]).architecture(state["phase"] == IMPORTED_PHASE),
+        "imported_from": state.get("imported_from"),
         "train_config": {k: train[k] for k in CHECKPOINT_TRAIN_KEYS if k in train},
         "metrics": state.get("metrics") or {},
         "weights_sha256": weights_sha256(state["generator"]),

@@ -36,7 +36,7 @@ from gantool.core.artifacts import (
     META_WEIGHTS_SHA256,
 )
 from gantool.core.config import ModelConfig
-from gantool.core.constants import BLOCK_ORDERS, IMPORT_CHECKPOINT, IMPORT_FORMATS, IMPORT_REPORT
+from gantool.core.constants import BLOCK_ORDERS, IMPORT_CHECKPOINT, IMPORT_FORMATS, IMPORT_REPORT, IMPORTED_PHASE
 from gantool.core.errors import InputError, check_choice, first_line
 from gantool.core.fileio import atomic_write_text, ensure_writable_dir
 from gantool.core.processing import processing_contract
@@ -44,7 +44,6 @@ from gantool.nn.networks import CompletionNetwork, ContextDiscriminator
 from gantool.training.checkpoint import load_error_cause, save_checkpoint, save_generator_weights, weights_sha256
 
 GLCIC_ORDER = BLOCK_ORDERS[1]  # conv -> ReLU -> BN
-IMPORTED_PHASE = "imported"  # the checkpoint's phase: it was not trained by gantool
 # GLCIC-PyTorch's train.py defaults, used when config.json leaves a size out.
 GLCIC_DEFAULT_SIZES = {"cn_input_size": 160, "ld_input_size": 96}
 GLCIC_GLOBAL_CONVS = {"celeba": 5, "places2": 6}  # its --arc
