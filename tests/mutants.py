@@ -899,6 +899,14 @@ MUTANTS: list[Mutant] = [
         "    except GantoolError:\n        raise\n",
         ("test_atomicity.py::test_a_signal_the_onnx_exporter_turns_into_its_own_error_still_exits_130_or_143",),
     ),
+    Mutant(
+        "serve_holes_counted_after_the_image_is_decoded",
+        "serving/app.py",
+        "            if max_holes is not None and not boxes:\n                check_holes(mask, max_holes)",
+        "            if False:\n                check_holes(mask, max_holes)",
+        (f"{HOSTILE}::test_too_many_holes_are_refused_before_the_image_is_decoded",),
+        why="a 1,000-hole upload decoded its whole image before the count refused it (870 ms at 12 MP, not 0.2 s)",
+    ),
 ]
 
 
@@ -952,6 +960,7 @@ NOT_IN_CI = {
     "survivor_speaks_under_the_launcher",
     "agent_failure_log_shown",
     "dead_rank_report_without_the_checkpoint",
+    "serve_holes_counted_after_the_image_is_decoded",
 }
 assert NOT_IN_CI <= {m.name for m in MUTANTS}, sorted(NOT_IN_CI - {m.name for m in MUTANTS})
 MUTANTS = [replace(m, ci=False) if m.name in NOT_IN_CI else m for m in MUTANTS]

@@ -300,6 +300,25 @@ def test_costs_over_the_limits_are_refused_before_the_model(inpainter: Inpainter
         assert health(url)["images"] == 0  # the model never ran
 
 
+def test_too_many_holes_are_refused_before_the_image_is_decoded(inpainter: Inpainter):  # noqa: F811
+    # The image's header is valid but its pixel data is cut short: decoding it would be a 400.
+    # A mask with too many holes is counted first and refused (413) without decoding the image,
+    # which is most of a large upload's decoding time (docs/serving.md, the 1,000-hole figures).
+    mask = np.zeros((64, 64), np.uint8)
+    mask[2::6, 2::6] = 255  # 121 separate one-pixel holes
+    truncated = encode(textured_rgb(64, 64))[:120]
+    body, kind = multipart([("image", "i.png", truncated), ("mask", "m.png", encode(mask))])
+    with running_server(build_app(inpainter, ServeSettings(max_holes=100))) as (url, _):
+        wait_ready(url)
+        response = httpx.post(url + "/v1/inpaint", content=body, headers={"content-type": kind}, timeout=30)
+        assert response.status_code == 413, response.text
+        assert response.json()["error"] == "the mask has 121 separate holes, over --max-holes (100)"
+        # Within the limit the image is decoded as before: its truncation is the answer.
+        few, kind = multipart([("image", "i.png", truncated), ("mask", "m.png", encode(mask * (np.arange(64) < 12)[:, None]))])
+        response = httpx.post(url + "/v1/inpaint", content=few, headers={"content-type": kind}, timeout=30)
+        assert response.status_code == 400 and "truncated" in response.json()["error"].lower(), response.text
+
+
 def _one_square_hole(size: int, side: int) -> np.ndarray:
     mask = np.zeros((size, size), np.float32)
     offset = (size - side) // 2

@@ -60,6 +60,16 @@ def count_holes(mask: np.ndarray) -> int:
     return int(count) - 1
 
 
+def check_holes(mask: np.ndarray, max_holes: int, name: str = "--max-holes") -> int:
+    """The hole count of ``mask`` if at most ``max_holes``; else :class:`SizeLimitError` naming
+    ``name``. One connected-components pass and nothing else: the cheap check to run before
+    decoding the image or planning anything (a mask with 1,000 holes is refused in milliseconds)."""
+    holes = count_holes(mask)
+    if holes > max_holes:
+        raise SizeLimitError(f"the mask has {holes} separate holes, over {name} ({max_holes})")
+    return holes
+
+
 def estimate_cost(
     mask: np.ndarray,
     strategy: str,
