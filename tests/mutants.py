@@ -907,6 +907,14 @@ MUTANTS: list[Mutant] = [
         (f"{HOSTILE}::test_too_many_holes_are_refused_before_the_image_is_decoded",),
         why="a 1,000-hole upload decoded its whole image before the count refused it (870 ms at 12 MP, not 0.2 s)",
     ),
+    Mutant(
+        "inpaint_blend_limit_not_applied",
+        "inference/pipeline.py",
+        "                warning = blend_warning(cost, max_blend_pixels)",
+        "                warning = None",
+        ("test_inpaint.py::test_a_blend_over_max_blend_pixels_warns_with_its_time_and_still_runs",),
+        why="gantool inpaint ran a blend of any size without a word (the server refuses it)",
+    ),
 ]
 
 
