@@ -915,6 +915,15 @@ MUTANTS: list[Mutant] = [
         ("test_inpaint.py::test_a_blend_over_max_blend_pixels_warns_with_its_time_and_still_runs",),
         why="gantool inpaint ran a blend of any size without a word (the server refuses it)",
     ),
+    Mutant(
+        "openvino_memory_kept_after_a_large_run",
+        "runtime/backends.py",
+        "        openvino.release_memory(self.compiled)\n        self._local.request = None\n        return out",
+        "        return out",
+        (f"{MEMORY}::test_a_releasing_openvino_run_returns_its_memory",),
+        ci=False,
+        why="OpenVINO's CPU plugin kept a large run's buffers for good (90 MB for the tiny model at 1024 px)",
+    ),
 ]
 
 
@@ -969,6 +978,7 @@ NOT_IN_CI = {
     "agent_failure_log_shown",
     "dead_rank_report_without_the_checkpoint",
     "serve_holes_counted_after_the_image_is_decoded",
+    "inpaint_blend_limit_not_applied",
 }
 assert NOT_IN_CI <= {m.name for m in MUTANTS}, sorted(NOT_IN_CI - {m.name for m in MUTANTS})
 MUTANTS = [replace(m, ci=False) if m.name in NOT_IN_CI else m for m in MUTANTS]
