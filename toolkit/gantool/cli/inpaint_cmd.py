@@ -9,7 +9,12 @@ from typing import Any
 import click
 
 from gantool.cli.options import backend_option, blend_option, precision_option, provider_option, strategy_option
-from gantool.core.constants import DEFAULT_INPAINT_BATCH, DEFAULT_MAX_BLEND_PIXELS, DEFAULT_RAY_TIMEOUT_S, RAY_MANIFEST_NAME
+from gantool.core.constants import (
+    DEFAULT_INPAINT_BATCH,
+    DEFAULT_MAX_BLEND_PIXELS,
+    DEFAULT_RAY_TIMEOUT_S,
+    RAY_MANIFEST_NAME,
+)
 from gantool.core.errors import InputError
 
 

@@ -168,6 +168,24 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
+def serve_memory_bound(
+    base_bytes: int, max_queue: int, max_body_bytes: int, max_pixels: int, max_model_pixels: int
+) -> dict[str, int]:
+    """The documented bound on ``gantool serve``'s peak memory (docs/serving.md, "Memory bound"),
+    term by term, and its ``total``: the loaded model and runtime (``base_bytes``, measured),
+    the bodies being read (``max_queue`` x ``max_body_bytes``), the admitted images
+    (``max_queue`` x ``max_pixels`` x IMAGE_BYTES_PER_PIXEL) and one model batch (batches are
+    cut at ``max_model_pixels``: x MODEL_BYTES_PER_PIXEL for the activations, and
+    WINDOW_BYTES_PER_PIXEL for its windows' crops, padded copies and outputs)."""
+    terms = {
+        "model_and_runtime": base_bytes,
+        "bodies": max_queue * max_body_bytes,
+        "images": max_queue * max_pixels * IMAGE_BYTES_PER_PIXEL,
+        "model_batch": max_model_pixels * (MODEL_BYTES_PER_PIXEL + WINDOW_BYTES_PER_PIXEL),
+    }
+    return {**terms, "total": sum(terms.values())}
+
+
 def available_memory() -> int | None:
     """Bytes of memory this process can still take (Linux MemAvailable), None if unknown."""
     try:

@@ -30,10 +30,10 @@ import numpy as np
 from PIL import Image
 
 from gantool.core.constants import (
-    DEFAULT_MAX_BLEND_PIXELS,
     DEFAULT_BACKEND,
     DEFAULT_BLEND,
     DEFAULT_INPAINT_BATCH,
+    DEFAULT_MAX_BLEND_PIXELS,
     DEFAULT_PRECISION,
     DEFAULT_PROVIDER,
     DEFAULT_STRATEGY,

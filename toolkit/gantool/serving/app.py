@@ -40,8 +40,8 @@ from starlette.middleware.cors import CORSMiddleware
 from gantool import __version__
 from gantool.core.constants import BLEND_MODES, DECODE_FORMATS, SERVE_OUTPUT_FORMATS, STRATEGIES
 from gantool.core.errors import GantoolError, InputError, SizeLimitError, check_choice, first_line
-from gantool.core.processing import read_image, save_png
 from gantool.core.mask_input import mask_to_array
+from gantool.core.processing import read_image, save_png
 from gantool.inference.cost import Cost, check_cost, check_holes, estimate_cost
 from gantool.inference.inpainter import (
     Inpainter,

@@ -148,3 +148,157 @@ def bench_serve_holes(
         "stages_ms": {name: _spread(values) for name, values in stage_times.items()},
         "goal": {"refuse_ms": REFUSE_GOAL_MS, "ratio": HOLES_GOAL_RATIO, "refused": refused, "met": met},
     }
+
+
+# ------------------------------------------------------------------------------ --memory
+
+
+def _largest_requests(
+    strategy: str, info: dict[str, Any], max_pixels: int, max_model_pixels: int
+) -> tuple[int, np.ndarray]:
+    """The largest request the limits allow for ``strategy``: (image side, hole mask).
+
+    ``full``: the largest square whose padded pixels fit ``--max-model-pixels`` (and
+    ``--max-pixels``), a centred hole of half its side. ``resize``: the largest square
+    under ``--max-pixels`` with the same hole. ``crop``: the largest square under
+    ``--max-pixels`` with separate holes, each its own window, as many as the model-pixel
+    and hole limits allow (counted by the server's own estimate)."""
+    from gantool.inference.cost import estimate_cost
+
+    multiple, train = int(info["size_multiple"]), int(info["train_size"])
+    limits = info["limits"]
+    if strategy == "full":
+        side = int(np.sqrt(min(max_pixels, max_model_pixels))) // multiple * multiple
+    else:
+        side = int(np.sqrt(max_pixels))
+    mask = np.zeros((side, side), np.float32)
+    if strategy != "crop":
+        mask[side // 4 : side // 4 + side // 2, side // 4 : side // 4 + side // 2] = 1
+        return side, mask
+    step = train + 2 * multiple  # windows (about train size square) that do not overlap
+    spots = [(y, x) for y in range(step // 2, side - 2, step) for x in range(step // 2, side - 2, step)]
+    spots = spots[: int(limits["max_holes"])]
+    while spots:
+        mask[:] = 0
+        for y, x in spots:
+            mask[y : y + 2, x : x + 2] = 1
+        cost = estimate_cost(mask, "crop", train, multiple)
+        if cost.model_pixels <= max_model_pixels:
+            return side, mask
+        spots = spots[: max(1, int(len(spots) * max_model_pixels / cost.model_pixels))] if len(spots) > 1 else []
+    raise InputError(f"no crop request fits --max-model-pixels {max_model_pixels}")
+
+
+# long: per strategy one fresh server, its largest requests from every slot at once, then /proc's peak, in order
+def bench_serve_memory(
+    model: str | Path | None = None,
+    strategies: tuple[str, ...] = ("full", "crop", "resize"),
+    max_queue: int = 4,
+    max_pixels: int = 1_000_000,
+    max_model_pixels: int = 1_020_000,
+    max_upload_mb: float = 8.0,
+    rounds: int = 2,
+    provider: str = "auto",
+    backend: str = "auto",
+    timeout_s: float = 1800.0,
+) -> dict[str, Any]:
+    """Peak server RSS (``VmHWM``) for ``rounds`` rounds of ``max_queue`` concurrent largest
+    requests per strategy (blend none: the blend's cost is its own limit), each strategy on a
+    fresh `gantool serve` with these limits, against :func:`gantool.inference.cost.serve_memory_bound`
+    with the server's RSS when ready as the model-and-runtime term."""
+    import threading
+
+    from gantool.inference.cost import serve_memory_bound
+    from gantool.tools.bench_hostile import _process_peak_rss_mb
+    from gantool.tools.bench_serve import _process_rss_mb
+
+    if min(max_queue, max_pixels, max_model_pixels, rounds) < 1 or max_upload_mb <= 0:
+        raise InputError("the limits and --rounds must be positive")
+    deadline = time.monotonic() + timeout_s
+    rows = []
+    load_before = os.getloadavg()
+    for strategy in strategies:
+        args = ["--provider", provider, "--backend", backend, "--max-queue", str(max_queue),
+                "--max-pixels", str(max_pixels), "--max-model-pixels", str(max_model_pixels),
+                "--max-upload-mb", f"{max_upload_mb:g}", "--max-batch", str(max_queue)]  # fmt: skip
+        if model is not None:
+            args += ["--model", str(model)]
+        server = _ServerProcess(args, max(1.0, deadline - time.monotonic()))
+        try:
+            assert server.url is not None
+            _wait_ready(server.url, deadline)
+            import json
+            import urllib.request
+
+            with urllib.request.urlopen(server.url + "/v1/model", timeout=30) as response:
+                info = json.load(response)
+            pid = server.process.pid
+            ready_mb = _process_rss_mb(pid) or 0.0
+            side, mask = _largest_requests(strategy, info, max_pixels, max_model_pixels)
+            body = _strategy_body(_png(_serve_inputs(side, 1)[0][0]), _png((mask * 255).astype(np.uint8)), strategy)
+            if len(body) > max_upload_mb * 2**20:
+                raise InputError(f"the {side} px upload is over --max-upload-mb {max_upload_mb:g}")
+            statuses: list[int] = []
+            lock = threading.Lock()
+
+            def client() -> None:
+                for _ in range(rounds):
+                    if time.monotonic() > deadline:
+                        return
+                    status, _, _ = _post(server.url or "", body)
+                    with lock:
+                        statuses.append(status)
+
+            threads = [threading.Thread(target=client) for _ in range(max_queue)]
+            began = time.perf_counter()
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(max(1.0, deadline - time.monotonic() + 60))
+            wall = time.perf_counter() - began
+            time.sleep(2.0)  # the answers' background heap trims
+            peak_mb, after_mb = _process_peak_rss_mb(pid), _process_rss_mb(pid)
+        finally:
+            server.stop()
+        from gantool.inference.cost import estimate_cost
+
+        cost = estimate_cost(mask, strategy, int(info["train_size"]), int(info["size_multiple"]))
+        bound = serve_memory_bound(
+            int(ready_mb * 2**20), max_queue, int(max_upload_mb * 2**20), max_pixels, max_model_pixels
+        )
+        rows.append({
+            "strategy": strategy, "side": side, "holes": cost.holes, "windows": cost.windows,
+            "model_pixels": cost.model_pixels, "upload_bytes": len(body), "requests": len(statuses),
+            "ok": statuses.count(200), "statuses": sorted(set(statuses)), "seconds": wall,
+            "ready_mb": ready_mb, "peak_mb": peak_mb, "after_mb": after_mb,
+            "bound_mb": {k: v / 2**20 for k, v in bound.items()},
+            "within": peak_mb is not None and peak_mb * 2**20 <= bound["total"],
+        })  # fmt: skip
+    return {
+        "benchmark": "serve-memory",
+        "model": info["model"],
+        "backend": info["backend"],
+        "provider": info["provider"],
+        "cpu_count": os.cpu_count(),
+        "load_average": {"before": load_before, "after": os.getloadavg()},
+        "limits": {
+            "max_queue": max_queue,
+            "max_pixels": max_pixels,
+            "max_model_pixels": max_model_pixels,
+            "max_upload_mb": max_upload_mb,
+        },  # fmt: skip
+        "rounds": rounds,
+        "per_strategy": rows,
+        "met": all(row["within"] and row["ok"] == row["requests"] for row in rows),
+    }
+
+
+def _strategy_body(image: bytes, mask: bytes, strategy: str) -> bytes:
+    """The multipart upload of :func:`gantool.tools.bench_serve._multipart` plus strategy and blend=none."""
+    extra = "".join(
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'
+        for name, value in (("strategy", strategy), ("blend", "none"))
+    )
+    body = _multipart(image, mask, BOUNDARY)
+    closing = f"--{BOUNDARY}--\r\n".encode()
+    return body[: -len(closing)] + extra.encode() + closing
