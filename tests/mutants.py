@@ -910,8 +910,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "inpaint_blend_limit_not_applied",
         "inference/pipeline.py",
-        "                warning = blend_warning(cost, max_blend_pixels)",
-        "                warning = None",
+        "    warning = blend_warning(cost, max_blend_pixels)",
+        "    warning = None",
         ("test_inpaint.py::test_a_blend_over_max_blend_pixels_warns_with_its_time_and_still_runs",),
         why="gantool inpaint ran a blend of any size without a word (the server refuses it)",
     ),

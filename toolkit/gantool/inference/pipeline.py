@@ -378,6 +378,28 @@ def written(job: ImageJob) -> FileResult:
 # -------------------------------------------------------------------------- the loop
 
 
+def _check_job_cost(
+    job: ImageJob,
+    mask: np.ndarray,
+    backend: Backend,
+    strategy: str,
+    batch_size: int,
+    crop_margin: int | None,
+    blend: str,
+    max_blend_pixels: int,
+) -> None:
+    """Refuse a file whose estimate exceeds the available memory (a message here rather than the
+    kernel's OOM killer mid-run); warn when its blend is over ``max_blend_pixels``."""
+    cost = estimate_cost(
+        mask, strategy, backend.train_size, backend.size_multiple, crop_margin, batch_size,
+        blend=blend if max_blend_pixels else "none",  # the blend's area costs a pass over the mask
+    )  # fmt: skip
+    check_cost(cost, max_bytes=available_memory())
+    warning = blend_warning(cost, max_blend_pixels)
+    if warning is not None:
+        log.warning("%s: %s", job.source, warning)
+
+
 def inpaint_files(
     backend: Backend,
     jobs: Sequence[ImageJob],
@@ -434,15 +456,7 @@ def inpaint_files(
                 continue
             try:
                 image, mask = load_job(job, masks, overwrite, protected)
-                # Refused with a message here rather than killed by the kernel mid-run.
-                cost = estimate_cost(
-                    mask, strategy, backend.train_size, backend.size_multiple, crop_margin, batch_size,
-                    blend=blend if max_blend_pixels else "none",  # the blend's area costs a pass over the mask
-                )  # fmt: skip
-                check_cost(cost, max_bytes=available_memory())
-                warning = blend_warning(cost, max_blend_pixels)
-                if warning is not None:
-                    log.warning("%s: %s", job.source, warning)
+                _check_job_cost(job, mask, backend, strategy, batch_size, crop_margin, blend, max_blend_pixels)
                 loaded.append((job, image, mask))
             except NoHole:
                 failed.append(no_hole(job))
