@@ -780,7 +780,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "serve_arena_not_shrunk",
         "runtime/backends.py",
-        '        out = run_releasing_arena(self.session, feeds, "inpainted", (image.shape[0], 3, *image.shape[2:]))\n'
+        '        out = run_releasing_arena(self.session, feeds, "inpainted", shape, on_gpu=self.on_gpu)\n'
         "        return out.astype(np.float32, copy=False)",
         "        return self._run(image, mask)",
         (
