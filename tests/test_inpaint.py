@@ -425,3 +425,28 @@ def test_a_failed_write_on_the_writer_thread_fails_that_file_only(exported_model
     assert (out / "a.inpainted.png").is_file() and (out / "c.inpainted.png").is_file()
     assert (out / "b.inpainted.png").is_dir() and not list((out / "b.inpainted.png").iterdir())
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []  # no temp file left behind
+
+
+def test_a_blend_over_max_blend_pixels_warns_with_its_time_and_still_runs(
+    exported_model: ExportedModel, rgb_case: tuple[Path, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The hole is rows 5..13, cols 9..21: its blend region is (9+2+16) x (13+2+16) = 837 pixels
+    # (the dilated box plus 8 px on every side), the estimate gantool serve refuses over its limit.
+    image, mask = rgb_case
+    out = image.with_name("photo.inpainted.png")
+    with caplog.at_level("WARNING", logger="gantool.inference.pipeline"):
+        result = invoke(image, "--mask", mask, "--model", exported_model.folder, "--max-blend-pixels", 836)
+    assert result.exit_code == 0, result.output
+    assert out.is_file()  # warned, not refused: the job runs
+    warnings = [r.getMessage() for r in caplog.records if "--max-blend-pixels" in r.getMessage()]
+    assert len(warnings) == 1, caplog.text
+    assert "solves over 837 pixels" in warnings[0] and "(836)" in warnings[0] and "--blend none" in warnings[0]
+    assert " s to " in warnings[0]  # how long it takes
+    caplog.clear()
+    out.unlink()
+    for limit in ("837", "0"):  # at the limit, or no limit: silent
+        with caplog.at_level("WARNING", logger="gantool.inference.pipeline"):
+            result = invoke(image, "--mask", mask, "--model", exported_model.folder, "--max-blend-pixels", limit,
+                            "--overwrite")  # fmt: skip
+        assert result.exit_code == 0 and out.is_file(), result.output
+        assert "--max-blend-pixels" not in caplog.text

@@ -300,6 +300,27 @@ def test_costs_over_the_limits_are_refused_before_the_model(inpainter: Inpainter
         assert health(url)["images"] == 0  # the model never ran
 
 
+def test_too_many_holes_are_refused_before_the_image_is_decoded(inpainter: Inpainter):  # noqa: F811
+    # The image's header is valid but its pixel data is cut short: decoding it would be a 400.
+    # A mask with too many holes is counted first and refused (413) without decoding the image,
+    # which is most of a large upload's decoding time (docs/serving.md, the 1,000-hole figures).
+    mask = np.zeros((64, 64), np.uint8)
+    mask[2::6, 2::6] = 255  # 121 separate one-pixel holes
+    truncated = encode(textured_rgb(64, 64))[:120]
+    body, kind = multipart([("image", "i.png", truncated), ("mask", "m.png", encode(mask))])
+    with running_server(build_app(inpainter, ServeSettings(max_holes=100))) as (url, _):
+        wait_ready(url)
+        response = httpx.post(url + "/v1/inpaint", content=body, headers={"content-type": kind}, timeout=30)
+        assert response.status_code == 413, response.text
+        assert response.json()["error"] == "the mask has 121 separate holes, over --max-holes (100)"
+        # Within the limit the image is decoded as before: its truncation is the answer.
+        few, kind = multipart(
+            [("image", "i.png", truncated), ("mask", "m.png", encode(mask * (np.arange(64) < 12)[:, None]))]
+        )
+        response = httpx.post(url + "/v1/inpaint", content=few, headers={"content-type": kind}, timeout=30)
+        assert response.status_code == 400 and "truncated" in response.json()["error"].lower(), response.text
+
+
 def _one_square_hole(size: int, side: int) -> np.ndarray:
     mask = np.zeros((size, size), np.float32)
     offset = (size - side) // 2
@@ -483,3 +504,27 @@ def test_bench_serve_hostile_runs_and_reports(exported_model):  # noqa: F811
     assert result["holes"]["count"] == 1000 and result["holes"]["many_status"] == 413  # over --max-holes
     assert result["healthz_keepalive_ms"]["median"] > 0 and result["rss_mb"]["peak"] > 0
     assert set(result["goals"]) == {"hostile_throughput", "healthz_keepalive", "many_holes"}
+
+
+@pytest.mark.slow
+def test_bench_serve_holes_and_memory_run_through_the_cli(exported_model):  # noqa: F811
+    # --holes: the 1,000-hole request is refused (over the default --max-holes) and the one-hole one answered.
+    result = CliRunner().invoke(
+        cli, ["bench", "serve", str(exported_model.folder), "--holes", "1000", "--size", "256", "--rounds", "2",
+              "--provider", "cpu", "--backend", "onnx", "--json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    holes = json.loads(result.output)
+    assert holes["statuses"] == {"one": [200], "many": [413]} and "--max-holes (500)" in holes["many_answer"]
+    assert holes["rounds"] == 2 and holes["many_ms"]["median"] > 0
+    assert set(holes["stages_ms"]) >= {"mask decode", "hole count", "image decode (skipped when refused)"}
+    # --memory: every strategy's largest request answered, peak RSS read from /proc and set against the bound.
+    result = CliRunner().invoke(
+        cli, ["bench", "serve", str(exported_model.folder), "--memory", "--size", "192", "--concurrency", "2",
+              "--rounds", "1", "--provider", "cpu", "--backend", "onnx"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    for strategy in ("full", "crop", "resize"):
+        row = next(line for line in result.output.splitlines() if line.startswith(f"| {strategy} "))
+        assert "| 2 / 2 |" in row and "| yes |" in row, result.output
+    assert "-> met" in result.output

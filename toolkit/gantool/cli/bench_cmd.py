@@ -396,8 +396,23 @@ def _bench_ray(model: str | None, as_json: bool, actors: int | None, address: st
     type=click.IntRange(min=0),
     help="With --hostile: slow clients sending one byte a second.",
 )
+@click.option(
+    "--holes",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Instead: --rounds of one request with N separate holes against one with one hole (--size).",
+)
+@click.option(
+    "--memory",
+    is_flag=True,
+    help="Instead: per strategy, a fresh server limited to --concurrency slots and --size^2 pixels, its largest "
+    "requests from every slot, peak RSS against the documented bound.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def bench_serve(model: str | None, as_json: bool, hostile: bool, trickling: int, **options) -> None:
+def bench_serve(
+    model: str | None, as_json: bool, hostile: bool, trickling: int, holes: int, memory: bool, **options
+) -> None:
     """Latency percentiles, images/s, errors and server memory of `gantool serve`
     on loopback, beside the in-process Inpainter's images/s on the same images."""
     from gantool.cli.serve_cmd import INSTALL_HINT, missing_serve_packages
@@ -406,6 +421,12 @@ def bench_serve(model: str | None, as_json: bool, hostile: bool, trickling: int,
         raise click.ClickException(INSTALL_HINT)
     if hostile:
         _bench_serve_hostile(model, as_json, trickling, options)
+        return
+    if holes:
+        _bench_serve_holes(model, as_json, holes, options)
+        return
+    if memory:
+        _bench_serve_memory(model, as_json, options)
         return
     from gantool.tools.bench_serve import bench_serve as run
 
@@ -497,3 +518,61 @@ def _bench_serve_hostile(model: str | None, as_json: bool, trickling: int, optio
                f"-> {met[goals['many_holes']['met']]}")  # fmt: skip
     rss = result["rss_mb"]
     click.echo(f"server RSS MB: peak {rss['peak']}, after all {rss['after_all']}")
+
+
+def _bench_serve_holes(model: str | None, as_json: bool, holes: int, options: dict) -> None:
+    from gantool.tools.bench_limits import bench_serve_holes
+
+    result = bench_serve_holes(model, size=options["size"], holes=holes, rounds=options["rounds"],
+                               provider=options["provider"], backend=options["backend"],
+                               timeout_s=options["timeout_s"])  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    load = "; ".join(", ".join(f"{v:.1f}" for v in result["load_average"][k]) for k in ("before", "after"))
+
+    def ms(row: dict) -> str:
+        return f"{row['median']:.1f} [{row['min']:.1f}-{row['max']:.1f}]"
+
+    click.echo(f"serve --holes benchmark: {result['side']} x {result['side']} image, {result['rounds']} interleaved "
+               f"rounds; {result['model']} ({result['backend']} on {result['provider']}); {result['cpu_count']} CPUs, "
+               f"load average {load} (before; after)")  # fmt: skip
+    statuses = result["statuses"]
+    echo_table(["request or stage", "ms median [min-max]", "HTTP"], [
+        ["one hole, end to end", ms(result["one_ms"]), "/".join(map(str, statuses["one"]))],
+        [f"{result['holes']} holes, end to end", ms(result["many_ms"]), "/".join(map(str, statuses["many"]))],
+        *([f"  in-process: {name}", ms(row), ""] for name, row in result["stages_ms"].items()),
+    ])  # fmt: skip
+    if result["many_answer"]:
+        click.echo(f"answer: {result['many_answer']}")
+    goal = result["goal"]
+    click.echo(f"goal {result['holes']} holes within {goal['ratio']:g}x one hole, or refused in < {goal['refuse_ms']:g} ms "
+               f"-> {'met' if goal['met'] else 'NOT met'}")  # fmt: skip
+
+
+def _bench_serve_memory(model: str | None, as_json: bool, options: dict) -> None:
+    from gantool.tools.bench_limits import bench_serve_memory
+
+    pixels = options["size"] ** 2
+    result = bench_serve_memory(model, max_queue=options["concurrency"], max_pixels=pixels, max_model_pixels=pixels,
+                                max_upload_mb=max(8.0, 4.0 * pixels / 2**20), rounds=options["rounds"],
+                                provider=options["provider"], backend=options["backend"],
+                                timeout_s=options["timeout_s"])  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    load = "; ".join(", ".join(f"{v:.1f}" for v in result["load_average"][k]) for k in ("before", "after"))
+    limits = result["limits"]
+    click.echo(f"serve --memory benchmark: {result['model']} ({result['backend']} on {result['provider']}); "
+               f"--max-queue {limits['max_queue']} --max-pixels {limits['max_pixels']} --max-model-pixels "
+               f"{limits['max_model_pixels']} --max-upload-mb {limits['max_upload_mb']:g}; {result['rounds']} round(s) "
+               f"of {limits['max_queue']} concurrent requests, blend none; {result['cpu_count']} CPUs, load average "
+               f"{load} (before; after)")  # fmt: skip
+    echo_table(["strategy", "request", "ok", "RSS MB ready / peak / after", "bound MB", "within"], [
+        [row["strategy"], f"{row['side']} px, {row['holes']} holes, {row['windows']} windows, "
+         f"{row['model_pixels']} model px", f"{row['ok']} / {row['requests']}",
+         f"{row['ready_mb']:.0f} / {row['peak_mb']:.0f} / {row['after_mb']:.0f}", f"{row['bound_mb']['total']:.0f}",
+         "yes" if row["within"] else "NO"] for row in result["per_strategy"]
+    ])  # fmt: skip
+    click.echo(f"goal peak RSS within the bound for every strategy, every request 200 -> "
+               f"{'met' if result['met'] else 'NOT met'}")  # fmt: skip

@@ -9,7 +9,12 @@ from typing import Any
 import click
 
 from gantool.cli.options import backend_option, blend_option, precision_option, provider_option, strategy_option
-from gantool.core.constants import DEFAULT_INPAINT_BATCH, DEFAULT_RAY_TIMEOUT_S, RAY_MANIFEST_NAME
+from gantool.core.constants import (
+    DEFAULT_INPAINT_BATCH,
+    DEFAULT_MAX_BLEND_PIXELS,
+    DEFAULT_RAY_TIMEOUT_S,
+    RAY_MANIFEST_NAME,
+)
 from gantool.core.errors import InputError
 
 
@@ -86,6 +91,14 @@ def _parse_boxes(
     "refused above twice that).",
 )
 @click.option(
+    "--max-blend-pixels",
+    type=click.IntRange(min=0),
+    default=DEFAULT_MAX_BLEND_PIXELS,
+    show_default=True,
+    help="Warn (with how long it takes) when a file's Poisson blend solves over more pixels; 0 never. "
+    "gantool serve refuses such requests; here it runs.",
+)
+@click.option(
     "--ray",
     "use_ray",
     is_flag=True,
@@ -136,6 +149,7 @@ def inpaint(
     overwrite: bool,
     skip_existing: bool,
     max_pixels: int | None,
+    max_blend_pixels: int,
     use_ray: bool,
     ray_address: str | None,
     ray_timeout: float | None,
@@ -190,7 +204,7 @@ def inpaint(
             images, model=model, provider=provider, backend_name=backend, precision=precision, mask=mask,
             boxes=boxes, output=output, strategy=strategy, batch_size=batch_size, crop_margin=crop_margin,
             blend=blend, overwrite=overwrite, skip_existing=skip_existing, max_pixels=max_pixels, on_start=on_start,
-            on_result=on_result,
+            on_result=on_result, max_blend_pixels=max_blend_pixels,
         )  # fmt: skip
     if len(summary.results) == 1 and summary.results[0].inpainted:
         click.echo(f"wrote {summary.results[0].output}")

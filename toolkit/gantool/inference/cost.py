@@ -28,6 +28,9 @@ IMAGE_BYTES_PER_PIXEL = 24
 # Per model pixel outside the model: float32 crop (12), mask (4), padded copies (16),
 # output (12), the window's float fill (12) and the blend's 8-bit buffers (~8).
 WINDOW_BYTES_PER_PIXEL = 64
+# Seconds per pixel the Poisson blend solves over (poisson_blend on square holes of 16-2000 px and
+# on 1,000 small holes, a loaded 2-core AMD EPYC; docs/serving.md): the range a warning quotes.
+BLEND_SECONDS_PER_PIXEL = (3e-6, 10e-6)
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,16 @@ def count_holes(mask: np.ndarray) -> int:
         return 0
     count, _ = import_cv2().connectedComponents(hole.view(np.uint8), connectivity=8)
     return int(count) - 1
+
+
+def check_holes(mask: np.ndarray, max_holes: int, name: str = "--max-holes") -> int:
+    """The hole count of ``mask`` if at most ``max_holes``; else :class:`SizeLimitError` naming
+    ``name``. One connected-components pass and nothing else: the cheap check to run before
+    decoding the image or planning anything (a mask with 1,000 holes is refused in milliseconds)."""
+    holes = count_holes(mask)
+    if holes > max_holes:
+        raise SizeLimitError(f"the mask has {holes} separate holes, over {name} ({max_holes})")
+    return holes
 
 
 def estimate_cost(
@@ -133,6 +146,44 @@ def check_cost(
             f"({max_bytes / 2**30:.1f} GiB); use --strategy crop or resize"
         )
     return cost
+
+
+def blend_warning(cost: Cost, max_blend_pixels: int, name: str = "--max-blend-pixels") -> str | None:
+    """For ``gantool inpaint``: a one-line warning when the blend of ``cost`` solves over more
+    than ``max_blend_pixels`` (0: never), with how long that takes; None within the limit.
+
+    The CLI warns where the server refuses (:func:`check_cost`): a CLI run has no other
+    clients to protect, and its user asked for this job, so it runs, but not silently."""
+    if not max_blend_pixels or cost.blend_pixels <= max_blend_pixels:
+        return None
+    low, high = (cost.blend_pixels * rate for rate in BLEND_SECONDS_PER_PIXEL)
+    return (
+        f"blending these holes solves over {cost.blend_pixels} pixels (their boxes plus a margin), over "
+        f"{name} ({max_blend_pixels}): about {_duration(low)} to {_duration(high)} on one core; "
+        "--blend none skips it"
+    )
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def serve_memory_bound(
+    base_bytes: int, max_queue: int, max_body_bytes: int, max_pixels: int, max_model_pixels: int
+) -> dict[str, int]:
+    """The documented bound on ``gantool serve``'s peak memory (docs/serving.md, "Memory bound"),
+    term by term, and its ``total``: the loaded model and runtime (``base_bytes``, measured),
+    the bodies being read (``max_queue`` x ``max_body_bytes``), the admitted images
+    (``max_queue`` x ``max_pixels`` x IMAGE_BYTES_PER_PIXEL) and one model batch (batches are
+    cut at ``max_model_pixels``: x MODEL_BYTES_PER_PIXEL for the activations, and
+    WINDOW_BYTES_PER_PIXEL for its windows' crops, padded copies and outputs)."""
+    terms = {
+        "model_and_runtime": base_bytes,
+        "bodies": max_queue * max_body_bytes,
+        "images": max_queue * max_pixels * IMAGE_BYTES_PER_PIXEL,
+        "model_batch": max_model_pixels * (MODEL_BYTES_PER_PIXEL + WINDOW_BYTES_PER_PIXEL),
+    }
+    return {**terms, "total": sum(terms.values())}
 
 
 def available_memory() -> int | None:

@@ -17,6 +17,7 @@ bit. Outputs are written atomically, never over an input or mask file.
 from __future__ import annotations
 
 import glob
+import logging
 import re
 import time
 from collections import deque
@@ -32,6 +33,7 @@ from gantool.core.constants import (
     DEFAULT_BACKEND,
     DEFAULT_BLEND,
     DEFAULT_INPAINT_BATCH,
+    DEFAULT_MAX_BLEND_PIXELS,
     DEFAULT_PRECISION,
     DEFAULT_PROVIDER,
     DEFAULT_STRATEGY,
@@ -47,9 +49,11 @@ from gantool.core.processing import (
     read_image,
     save_png,
 )
-from gantool.inference.cost import available_memory, check_cost, estimate_cost
+from gantool.inference.cost import available_memory, blend_warning, check_cost, estimate_cost
 from gantool.inference.inpainter import ModelFills, boxes_to_mask, check_mask_size, fill_images, finish_image
 from gantool.runtime.backends import Backend, load_backend
+
+log = logging.getLogger(__name__)
 
 OUTPUT_SUFFIX = ".inpainted.png"
 # An -o with one of these suffixes names an image file in another format: refused, never a folder.
@@ -374,6 +378,28 @@ def written(job: ImageJob) -> FileResult:
 # -------------------------------------------------------------------------- the loop
 
 
+def _check_job_cost(
+    job: ImageJob,
+    mask: np.ndarray,
+    backend: Backend,
+    strategy: str,
+    batch_size: int,
+    crop_margin: int | None,
+    blend: str,
+    max_blend_pixels: int,
+) -> None:
+    """Refuse a file whose estimate exceeds the available memory (a message here rather than the
+    kernel's OOM killer mid-run); warn when its blend is over ``max_blend_pixels``."""
+    cost = estimate_cost(
+        mask, strategy, backend.train_size, backend.size_multiple, crop_margin, batch_size,
+        blend=blend if max_blend_pixels else "none",  # the blend's area costs a pass over the mask
+    )  # fmt: skip
+    check_cost(cost, max_bytes=available_memory())
+    warning = blend_warning(cost, max_blend_pixels)
+    if warning is not None:
+        log.warning("%s: %s", job.source, warning)
+
+
 def inpaint_files(
     backend: Backend,
     jobs: Sequence[ImageJob],
@@ -386,9 +412,12 @@ def inpaint_files(
     overwrite: bool = False,
     skip_existing: bool = False,
     on_result: Callable[[FileResult], None] | None = None,
+    max_blend_pixels: int = DEFAULT_MAX_BLEND_PIXELS,
 ) -> RunSummary:
     """Inpaint every job; a bad file is recorded (one line) and skipped.
     ``skip_existing``: a job whose output exists is counted as skipped (resuming a run).
+    ``max_blend_pixels``: warn (logged, one line per file) when a file's Poisson blend
+    solves over more pixels (:func:`gantool.inference.cost.blend_warning`); 0 never.
 
     Images are read ``batch_size`` at a time; same-size model inputs among them
     are run as one batch. Outputs are PNG, written atomically, never over an
@@ -427,9 +456,7 @@ def inpaint_files(
                 continue
             try:
                 image, mask = load_job(job, masks, overwrite, protected)
-                # Refused with a message here rather than killed by the kernel mid-run.
-                cost = estimate_cost(mask, strategy, backend.train_size, backend.size_multiple, crop_margin, batch_size)
-                check_cost(cost, max_bytes=available_memory())
+                _check_job_cost(job, mask, backend, strategy, batch_size, crop_margin, blend, max_blend_pixels)
                 loaded.append((job, image, mask))
             except NoHole:
                 failed.append(no_hole(job))
@@ -483,6 +510,7 @@ def run_inpaint(
     max_pixels: int | None = None,
     on_start: Callable[[Backend, Sequence[ImageJob]], None] | None = None,
     on_result: Callable[[FileResult], None] | None = None,
+    max_blend_pixels: int = DEFAULT_MAX_BLEND_PIXELS,
 ) -> RunSummary:
     """``gantool inpaint`` as one call: find the inputs, name the outputs, open the
     model (unless ``backend`` is given), then :func:`inpaint_files`.
@@ -504,5 +532,5 @@ def run_inpaint(
         on_start(backend, jobs)
     return inpaint_files(
         backend, jobs, masks, strategy=strategy, batch_size=batch_size, crop_margin=crop_margin, blend=blend,
-        overwrite=overwrite, skip_existing=skip_existing, on_result=on_result,
+        overwrite=overwrite, skip_existing=skip_existing, on_result=on_result, max_blend_pixels=max_blend_pixels,
     )  # fmt: skip

@@ -241,11 +241,12 @@ class OnnxBackend(Backend):
         return binding.copy_outputs_to_cpu()[0].astype(np.float32, copy=False)
 
     def _run_releasing(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        if self.on_gpu:  # the CUDA arena is left as it is (device memory, reused by the next run)
-            return self._run(image, mask)
+        # On CUDA the device arena is shrunk too, and the output is copied straight into host
+        # memory numpy owns (no device region stays in use). Not measured: no GPU here.
         dtype = self._input_dtype
         feeds = {"image": image.astype(dtype, copy=False), "mask": mask.astype(dtype, copy=False)}
-        out = run_releasing_arena(self.session, feeds, "inpainted", (image.shape[0], 3, *image.shape[2:]))
+        shape = (image.shape[0], 3, *image.shape[2:])
+        out = run_releasing_arena(self.session, feeds, "inpainted", shape, on_gpu=self.on_gpu)
         return out.astype(np.float32, copy=False)
 
 
@@ -509,6 +510,15 @@ class OpenVinoBackend(Backend):
 
     def _run(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
         return openvino.infer(self.compiled, self._request(), image, mask, self._precision)
+
+    def _run_releasing(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        out = self._run(image, mask)
+        # The compiled model's buffers go back (release_memory), and this thread's infer request
+        # with its own tensors is dropped (the next run makes a new one): 177 -> 17 MB kept
+        # after a 768 x 768 run of the shipped model, against 26 MB with release_memory alone.
+        openvino.release_memory(self.compiled)
+        self._local.request = None
+        return out
 
     def describe(self) -> str:
         return f"openvino on CPU ({openvino.PRECISION_HINTS[self._precision]})"

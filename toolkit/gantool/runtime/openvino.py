@@ -97,6 +97,23 @@ def compile_onnx(path: str | Path, precision: str = "fp32") -> Any:
     return compile_model(read_onnx(path), path, precision)
 
 
+def release_memory(compiled: Any) -> bool:
+    """Free the intermediate buffers ``compiled`` keeps for reuse (``CompiledModel.release_memory``,
+    OpenVINO 2024.5 and later); True when it did.
+
+    The CPU plugin keeps the largest run's activations: after one 768 x 768 run of the shipped
+    model the process stayed 177 MB larger, 26 MB after this (docs/serving.md). OpenVINO refuses
+    while another thread's inference runs: then nothing is freed now (the next large run frees it)."""
+    release = getattr(compiled, "release_memory", None)
+    if release is None:
+        return False
+    try:
+        release()
+    except RuntimeError:
+        return False
+    return True
+
+
 def infer(compiled: Any, request: Any, image: np.ndarray, mask: np.ndarray, precision: str) -> np.ndarray:
     """One run of ``compiled`` through ``request`` on NCHW float32 arrays."""
     result = request.infer({"image": image, "mask": mask})

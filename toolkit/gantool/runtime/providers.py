@@ -218,12 +218,22 @@ ARENA_SHRINKAGE_KEY = "memory.enable_memory_arena_shrinkage"
 _NUMPY_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16"}
 
 
-def run_releasing_arena(session: Any, feeds: dict[str, Any], output: str, shape: tuple[int, ...]) -> Any:
-    """Run a CPU ``session`` and then shrink its CPU memory arena; returns ``output`` (numpy).
+# The arenas a releasing run shrinks: the CPU's, and on CUDA the device's too (gantool opens CUDA
+# sessions on device 0, ONNX Runtime's default device_id). The CUDA arena's regions go back to the
+# driver; the next large run allocates them again.
+SHRINK_ARENAS = {False: "cpu:0", True: "cpu:0;gpu:0"}
 
-    The output is written into an array of ``shape`` that numpy owns (IO binding): an output
-    that ONNX Runtime allocates lives in its arena and would keep that region in use, so the
-    shrink at the end of the run could not free it.
+
+def run_releasing_arena(
+    session: Any, feeds: dict[str, Any], output: str, shape: tuple[int, ...], on_gpu: bool = False
+) -> Any:
+    """Run ``session`` and then shrink its memory arenas (:data:`SHRINK_ARENAS`: the CPU's,
+    with ``on_gpu`` the CUDA device's too); returns ``output`` (numpy).
+
+    The output is written into an array of ``shape`` that numpy owns (IO binding; on CUDA
+    ONNX Runtime copies it from the device into that array): an output that ONNX Runtime
+    allocates lives in its arena and would keep that region in use, so the shrink at the end
+    of the run could not free it.
     """
     import numpy as np
     import onnxruntime as ort  # delayed: heavy import
@@ -235,7 +245,7 @@ def run_releasing_arena(session: Any, feeds: dict[str, Any], output: str, shape:
         binding.bind_cpu_input(name, array)
     binding.bind_ortvalue_output(output, ort.OrtValue.ortvalue_from_numpy(result))
     options = ort.RunOptions()
-    options.add_run_config_entry(ARENA_SHRINKAGE_KEY, "cpu:0")
+    options.add_run_config_entry(ARENA_SHRINKAGE_KEY, SHRINK_ARENAS[on_gpu])
     session.run_with_iobinding(binding, options)
     return result
 

@@ -40,12 +40,14 @@ from starlette.middleware.cors import CORSMiddleware
 from gantool import __version__
 from gantool.core.constants import BLEND_MODES, DECODE_FORMATS, SERVE_OUTPUT_FORMATS, STRATEGIES
 from gantool.core.errors import GantoolError, InputError, SizeLimitError, check_choice, first_line
+from gantool.core.mask_input import mask_to_array
 from gantool.core.processing import read_image, save_png
-from gantool.inference.cost import Cost, check_cost, estimate_cost
+from gantool.inference.cost import Cost, check_cost, check_holes, estimate_cost
 from gantool.inference.inpainter import (
     Inpainter,
     ModelFills,
     boxes_to_mask,
+    check_mask_size,
     finish_image,
     load_mask,
     parse_box,
@@ -83,19 +85,25 @@ def decode_request(
     mask_file: BinaryIO | None,
     boxes: Sequence[str],
     max_pixels: int,
+    max_holes: int | None = None,
 ) -> tuple[Image.Image, np.ndarray]:
     """The upload as the CLI reads a file: the image upright, the holes from the mask
-    and the boxes (combined), else from the image's alpha channel."""
+    and the boxes (combined), else from the image's alpha channel.
+
+    With ``max_holes``, a mask (without boxes, which could join its holes) with more
+    separate holes is refused (:class:`SizeLimitError`) before the image is decoded:
+    the mask is small to decode and one connected-components pass counts its holes,
+    while the image is most of the upload's decoding time."""
     try:
+        mask = None
+        if mask_file is not None:
+            mask = mask_to_array(read_image(mask_file, max_pixels=max_pixels, name="the uploaded mask"))
+            if max_holes is not None and not boxes:
+                check_holes(mask, max_holes)
         image = read_image(image_file, lossless=True, max_pixels=max_pixels, name="the uploaded image")
         parts = []
-        if mask_file is not None:
-            parts.append(
-                load_mask(
-                    read_image(mask_file, max_pixels=max_pixels, name="the uploaded mask"),
-                    image,
-                )
-            )
+        if mask is not None:
+            parts.append(check_mask_size(mask, image, "image", "the image"))
         if boxes:
             parts.append(boxes_to_mask([parse_box(box, "boxes") for box in boxes], image.width, image.height))
         if not parts:
@@ -387,6 +395,7 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
                 mask.file if mask is not None else None,
                 texts.get("boxes", []),
                 settings.max_pixels,
+                settings.max_holes,
             )
         finally:
             await form.close()
