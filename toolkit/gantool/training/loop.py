@@ -226,7 +226,7 @@ def _run(
     data = data_fingerprint(source, cfg.data)
     if state is not None:
         check_data_unchanged(state.get("data"), data, allow_data_change)
-    dist = setup_distributed(cfg.device)
+    dist = setup_distributed(cfg.device, cfg.collective_timeout)
     release, made = None, False
     existed = plan.folder is not None and plan.folder.exists()  # an empty --out the user made is kept
     try:
@@ -369,6 +369,7 @@ def _train(
     setup_error = dist.broadcast_object(setup_error)  # all ranks stop, not rank 0 alone
     if setup_error:
         raise InputError(setup_error)
+    dist.start_steps()  # a process that stops answering from here on ends the run within the timeout
 
     autocast = autocast_for(device, amp)
     memory_format = torch.channels_last if use_channels_last(cfg, device) else torch.contiguous_format
