@@ -638,20 +638,17 @@ def _same_state(a, b, where: str = "") -> None:
         assert a == b, f"{where}: {a!r} != {b!r}"
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the launcher's workers through Linux /proc")
-def test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_resumes_exactly(tmp_path):
-    """kill -9 of rank 1 (not the launcher) in the middle of a 2-process run: the survivor must not
-    wait in a collective (gloo fails it at once: the dead process's sockets close), the launcher
-    exits 1 within seconds with one line (no traceback from either), no process is left, and the
-    checkpoint it names is exactly the state an uninterrupted 2-process run has at that step."""
-    out = tmp_path / "run"
-    launcher = [sys.executable, "-m", "gantool", "train", "--nproc-per-node", "2"]
-    proc = subprocess.Popen([*launcher, "--out", str(out), *NPROC_ARGS, "--steps-g", "100000"], env=subprocess_env(), cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+LAUNCHER = [sys.executable, "-m", "gantool", "train", "--nproc-per-node", "2"]
+
+
+def _start_and_get_going(tmp_path: Path, out: Path, *extra: str) -> tuple[subprocess.Popen, dict[int, int]]:
+    """A 2-process run with a checkpoint on disk and steps running past it; its rank -> worker pid."""
+    proc = subprocess.Popen([*LAUNCHER, "--out", str(out), *NPROC_ARGS, "--steps-g", "100000", *extra],
+                            env=subprocess_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     last, metrics = out / "checkpoints" / "last.pt", out / "metrics.jsonl"
     deadline = time.monotonic() + 300
-    while True:  # a checkpoint on disk and steps running past it
+    while True:
         assert proc.poll() is None, _end(proc, str(out), 10)
         logged = metrics.read_text().count('"images_per_s"') if metrics.exists() else 0
         if last.exists() and logged >= 3:
@@ -662,39 +659,41 @@ def test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_r
         time.sleep(0.05)
     workers = _worker_pids(proc.pid)
     assert sorted(workers) == [0, 1], workers
-    os.kill(workers[1], signal.SIGKILL)
-    killed_at = time.monotonic()
-    stderr = _end(proc, str(out), timeout=120)
-    took = time.monotonic() - killed_at
-    assert proc.returncode == 1, stderr
-    assert took < 60, f"the launcher took {took:.0f} s after the kill"  # the agent's own SIGKILL comes at 30 s
+    return proc, workers
+
+
+def _assert_one_failure_line(stderr: str, out: Path, start: str) -> tuple[dict, int]:
+    """The launcher's one line (``start``, then the last checkpoint and how to resume), that
+    status.json records it, and that no process of the run is left; the named checkpoint's state."""
+    last = (out / "checkpoints" / "last.pt").resolve()
     assert "Traceback" not in stderr and "[rank" not in stderr, stderr
     lines = [line for line in stderr.splitlines() if line.strip()]
     state = torch.load(last, map_location="cpu", weights_only=True)
     step = state["step"]
     assert len(lines) == 1, stderr
     assert lines[0] == (
-        f"Error: process 1 of 2 ended with signal SIGKILL (pid {workers[1]}); the others were stopped. "
-        f"Last complete checkpoint: {last.resolve()} (step {step}); "
-        f"resume with: gantool train --resume {last.resolve()} --nproc-per-node 2"
+        f"Error: {start} Last complete checkpoint: {last} (step {step}); "
+        f"resume with: gantool train --resume {last} --nproc-per-node 2"
     )
     assert not _processes_naming(str(out)), "a worker outlived the launcher"
-    status = json.loads((out / "status.json").read_text())  # the survivor stopped itself, at a collective
-    assert status["state"] == "failed" and status["pid"] == workers[0], status
-    assert "process 0 of 2 lost contact with another process at step" in status["message"], status
+    status = json.loads((out / "status.json").read_text())  # the launcher's record, whichever rank failed
+    assert (status["state"], status["reason"], status["message"]) == ("failed", "process lost", lines[0][7:]), status
+    assert status["checkpoint_step"] == step and status["step"] >= step, status
     assert step >= 2 and step % 2 == 0
+    return state, step
 
-    # The same run to that step, never interrupted: the same training state, bit for bit.
+
+def _assert_resumes_exactly(tmp_path: Path, out: Path, state: dict, step: int) -> None:
+    """The checkpoint is the state an uninterrupted 2-process run has at ``step``, bit for bit, and a
+    single process resumes it in place (as the line says, less the launcher) and goes on exactly."""
     ref = tmp_path / "ref"
-    done = subprocess.run([*launcher, "--out", str(ref), *NPROC_ARGS, "--steps-g", str(step)],
+    done = subprocess.run([*LAUNCHER, "--out", str(ref), *NPROC_ARGS, "--steps-g", str(step)],
                           env=subprocess_env(), cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     reference = load_checkpoint(ref / "checkpoints" / "last.pt")
     for key in TRAINING_STATE:
         _same_state(state[key], reference[key], key)
     _same_state(state["rng"]["torch"], reference["rng"]["torch"], "rng.torch")
-
-    # A single process resumes it in place (as the line says, less the launcher) and goes on exactly.
     for run in (out, ref):
         resumed = subprocess.run([sys.executable, "-m", "gantool", "train", "--resume",
                                   str(run / "checkpoints" / "last.pt"), "--steps-g", str(step + 2), "--quiet"],
@@ -705,5 +704,51 @@ def test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_r
     for key in TRAINING_STATE:
         _same_state(after[0][key], after[1][key], key)
     _same_state(after[0]["rng"]["torch"], after[1]["rng"]["torch"], "rng.torch")
-    logged = [r["step"] for r in map(json.loads, metrics.read_text().splitlines()) if "images_per_s" in r]
+    logged = [r["step"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+              if "images_per_s" in r]
     assert logged == list(range(1, step + 3))  # the steps logged past the checkpoint were trained again, once
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the launcher's workers through Linux /proc")
+@pytest.mark.parametrize("killed", [1, 0])  # 0: the rank that keeps status.json
+def test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_resumes_exactly(tmp_path, killed):
+    """kill -9 of one rank (not the launcher) in the middle of a 2-process run: the survivor must not
+    wait in a collective (gloo fails it at once: the dead process's sockets close), the launcher
+    exits 1 within seconds with one line (no traceback from either), no process is left, status.json
+    says failed with that line (rank 0 killed: it said running before the launcher's record), and
+    the checkpoint it names is exactly the state an uninterrupted 2-process run has at that step."""
+    out = tmp_path / "run"
+    proc, workers = _start_and_get_going(tmp_path, out)
+    os.kill(workers[killed], signal.SIGKILL)
+    killed_at = time.monotonic()
+    stderr = _end(proc, str(out), timeout=120)
+    took = time.monotonic() - killed_at
+    assert proc.returncode == 1, stderr
+    assert took < 60, f"the launcher took {took:.0f} s after the kill"  # the agent's own SIGKILL comes at 30 s
+    start = f"process {killed} of 2 ended with signal SIGKILL (pid {workers[killed]}); the others were stopped."
+    state, step = _assert_one_failure_line(stderr, out, start)
+    _assert_resumes_exactly(tmp_path, out, state, step)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the launcher's workers through Linux /proc")
+def test_nproc_launch_a_stopped_rank_ends_the_run_within_the_collective_timeout(tmp_path):
+    """SIGSTOP of rank 1 (alive, silent): rank 0 waits --collective-timeout (3 s here, not gloo's 30
+    minutes) in its next collective, then the launcher names rank 1 in one line, resumes it so the
+    agent's SIGTERM ends it (no 30 s SIGKILL wait, nothing left stopped), and the checkpoint named
+    resumes exactly."""
+    out = tmp_path / "run"
+    proc, workers = _start_and_get_going(tmp_path, out, "--collective-timeout", "3")
+    assert read_toml(out / "config.toml")["collective_timeout"] == 3.0  # recorded in the run
+    os.kill(workers[1], signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    stderr = _end(proc, str(out), timeout=120)
+    took = time.monotonic() - stopped_at
+    assert proc.returncode == 1, stderr
+    assert took < 25, f"the launcher took {took:.0f} s after the SIGSTOP"  # 3 s, then the agent's stop
+    start = (f"process 1 of 2 stopped answering (pid {workers[1]}, found stopped by SIGSTOP, Ctrl-Z or a debugger): "
+             f"process 0 (pid {workers[0]}) waited --collective-timeout 3 s for it; the others were stopped.")
+    state, step = _assert_one_failure_line(stderr, out, start)
+    assert not Path(f"/proc/{workers[1]}").exists(), "the stopped rank was left behind"
+    _assert_resumes_exactly(tmp_path, out, state, step)
