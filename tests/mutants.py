@@ -872,10 +872,44 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "dead_rank_report_without_the_checkpoint",
         "training/launch.py",
-        "            + last_checkpoint_line(folder, nproc)",
-        "            + \"The run's last checkpoint is in its checkpoints/ folder (resume with --resume .../last.pt)\"",
+        '        line += " " + last_checkpoint_line(folder, nproc)',
+        "        line += \" The run's last checkpoint is in its checkpoints/ folder (resume with --resume .../last.pt)\"",
         ("test_train_faults.py::test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_resumes_exactly",),
         why="the old line: no path, no step, no working resume command",
+    ),
+    Mutant(
+        "killed_rank0_leaves_status_running",
+        "training/launch.py",
+        "            _record_failure(folder, line)",
+        "            pass",
+        ("test_train_faults.py::test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_resumes_exactly[0]",),
+        ci=False,  # two DDP runs (slow tier)
+        why="kill -9 of rank 0: status.json said running after the launcher had reported the failure",
+    ),
+    Mutant(
+        "stopped_worker_left_stopped",
+        "training/launch.py",
+        '            if state in "Tt":',
+        "            if False:",
+        ("test_train_faults.py::test_the_launcher_names_a_stopped_worker_and_resumes_it_once_another_has_ended",),
+        why="a SIGSTOPped rank held the agent's SIGTERM pending until its SIGKILL 30 s later",
+    ),
+    Mutant(
+        "stopped_worker_not_named",
+        "training/launch.py",
+        "            self.stopped = {self.ranks[pid]: pid for pid, state in live.items() if state in \"Tt\"}",
+        "            self.stopped = {}",
+        ("test_train_faults.py::test_the_launcher_names_a_stopped_worker_and_resumes_it_once_another_has_ended",),
+        why="the line named the rank that waited, not the one that stopped answering",
+    ),
+    Mutant(
+        "collective_timeout_not_applied",
+        "training/distributed.py",
+        "        if self.enabled and setter is not None:",
+        "        if False:",
+        ("test_train_faults.py::test_nproc_launch_a_stopped_rank_ends_the_run_within_the_collective_timeout",),
+        ci=False,  # a DDP run that then waits out the test's own limit
+        why="a hung rank held the others in gloo's default 30-minute timeout",
     ),
     Mutant(
         "amp_auto_choice_not_recorded",

@@ -752,3 +752,113 @@ def test_nproc_launch_a_stopped_rank_ends_the_run_within_the_collective_timeout(
     state, step = _assert_one_failure_line(stderr, out, start)
     assert not Path(f"/proc/{workers[1]}").exists(), "the stopped rank was left behind"
     _assert_resumes_exactly(tmp_path, out, state, step)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads its children through Linux /proc")
+def test_the_launcher_names_a_stopped_worker_and_resumes_it_once_another_has_ended(tmp_path):
+    """What the launcher does beside torch's agent, on real child processes (RANK in their environment,
+    each in its own session, as the agent starts them): nothing while all run; once one has ended, the
+    stopped one is named and resumed (SIGCONT), so the agent's SIGTERM can end it; the line names it."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from gantool.core.errors import ProcessLostError
+    from gantool.training.launch import _WorkerWatch, failure_line
+
+    def worker(rank: int) -> subprocess.Popen:
+        return subprocess.Popen(["sleep", "30"], env={**os.environ, "RANK": str(rank)}, start_new_session=True)
+
+    def state(pid: int) -> str:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+    workers = [worker(0), worker(1), worker(2)]
+    try:
+        watch = _WorkerWatch(interval=60)  # polled by hand here
+        deadline = time.monotonic() + 10
+        while len(watch.ranks) < 3 and time.monotonic() < deadline:  # each has exec'd with its RANK
+            watch.poll()
+        assert sorted(watch.ranks.values()) == [0, 1, 2]
+        os.kill(workers[1].pid, signal.SIGSTOP)
+        while state(workers[1].pid) != "T":
+            time.sleep(0.01)
+        watch.poll()
+        assert not watch.ended and state(workers[1].pid) == "T"  # all alive: a pause is not touched
+        workers[0].kill()  # rank 0 ends (as after its collective timed out); not yet reaped: a zombie
+        while state(workers[0].pid) != "Z":
+            time.sleep(0.01)
+        watch.poll()
+        assert watch.ended and watch.stopped == {1: workers[1].pid}
+        assert state(workers[1].pid) in "RS"  # resumed: a pending SIGTERM now reaches it
+        failures = {0: ProcessFailure(0, workers[0].pid, ProcessLostError.exit_code, "<N/A>"),
+                    1: ProcessFailure(1, workers[1].pid, -signal.SIGTERM, "<N/A>")}
+        assert failure_line(0, failures[0], failures, 3, watch, 5.0) == (
+            f"process 1 of 3 stopped answering (pid {workers[1].pid}, found stopped by SIGSTOP, Ctrl-Z or a "
+            f"debugger): process 0 (pid {workers[0].pid}) waited --collective-timeout 5 s for it; "
+            "the others were stopped."
+        )
+        # Not found stopped (a hang): of 2 it is the other one; of more, unknown.
+        watch.stopped = {}
+        assert failure_line(0, failures[0], failures, 2, watch, 5.0).startswith(
+            f"process 1 of 2 stopped answering (pid {workers[1].pid}): process 0 (pid {workers[0].pid}) waited"
+        )
+        assert failure_line(0, failures[0], failures, 3, watch, 0.5) == (
+            f"a process of 3 stopped answering: process 0 (pid {workers[0].pid}) waited --collective-timeout "
+            "0.5 s for it; the others were stopped."
+        )
+        killed = ProcessFailure(2, workers[2].pid, -signal.SIGKILL, "<N/A>")
+        assert failure_line(2, killed, {2: killed}, 3, watch, 5.0) == (
+            f"process 2 of 3 ended with signal SIGKILL (pid {workers[2].pid}); the others were stopped."
+        )
+    finally:
+        for proc in workers:
+            proc.kill()
+            proc.wait()
+
+
+def test_the_launcher_marks_a_run_failed_keeping_its_progress(tmp_path):
+    """The launcher's record after a worker failed: status.json says failed with its line (rank 0,
+    which keeps the record, may have been killed while it said running), step and checkpoint kept,
+    and `gantool runs` shows it; a folder without a record is left alone."""
+    from gantool.training.launch import _record_failure
+    from gantool.training.runs import summarize_run
+    from gantool.training.tracking import write_status
+
+    run = tmp_path / "run"
+    run.mkdir()
+    write_status(run, "running", 7, 100, "g", checkpoint_step=6)
+    line = "process 0 of 2 ended with signal SIGKILL (pid 4242); the others were stopped. Last complete ..."
+    _record_failure(run, line)
+    status = json.loads((run / "status.json").read_text())
+    assert (status["state"], status["reason"], status["message"]) == ("failed", "process lost", line)
+    assert (status["step"], status["total_steps"], status["phase"], status["checkpoint_step"]) == (7, 100, "g", 6)
+    assert status["pid"] == os.getpid()
+    info = summarize_run(run)
+    assert (info.status, info.message, info.step) == ("failed", line, 7)
+    assert not [p.name for p in run.iterdir() if p.name != "status.json"]  # atomic: no temp file left
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _record_failure(empty, line)
+    assert not list(empty.iterdir())
+
+
+@pytest.mark.parametrize("args, toml, fragment", [
+    (["--collective-timeout", "0"], None, "collective_timeout = 0.0: expected a number > 0 and <= 86400"),
+    (["--collective-timeout", "nan"], None, "collective_timeout = nan: expected a number > 0"),
+    (["--collective-timeout", "soon"], None, "'soon' is not a valid float"),
+    ([], 'collective_timeout = "60"', "collective_timeout = '60': expected a number > 0 and <= 86400"),
+    ([], "collective_timeout = true", "collective_timeout = True: expected a number"),
+])
+def test_a_bad_collective_timeout_is_one_line_before_any_folder(tmp_path, args, toml, fragment):
+    if toml is not None:
+        (tmp_path / "t.toml").write_text(toml + "\n")
+        args = [*args, "--config", str(tmp_path / "t.toml")]
+    for launcher in ([], ["--nproc-per-node", "2"]):
+        one_line(run_cli("train", "--out", str(tmp_path / "run"), *TINY_ARGS, *launcher, *args), fragment)
+        assert not (tmp_path / "run").exists()
+
+
+def test_the_collective_timeout_is_recorded_in_the_run_and_kept_on_resume(tmp_path):
+    cfg = tiny_train_config(out=str(tmp_path / "run"), steps_g=1, steps_d=0, steps_joint=0, collective_timeout=7.5)
+    first = train(cfg, progress=False)
+    assert read_toml(first.run_dir / "config.toml")["collective_timeout"] == 7.5
+    resumed = train({"steps_g": 2}, resume=first.last_checkpoint, progress=False)
+    assert read_toml(resumed.run_dir / "config.toml")["collective_timeout"] == 7.5
