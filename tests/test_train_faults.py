@@ -113,6 +113,85 @@ def test_a_second_signal_during_the_final_checkpoint_write_keeps_the_previous_on
     assert not [p for p in (out / "checkpoints").iterdir() if p.name != "last.pt"]
 
 
+# A model whose checkpoint (weights and both Adam moments: ~80 MB in ~100 records of up to 4 MB) takes torch's
+# writer long enough to signal it mid-write: tens of ms of C++ writes with Python callbacks between them.
+BIG_WRITE_ARGS = ["--size", "32", "--local-size", "16", "--width", "16", "--disc-width", "4", "--disc-fc", "16384",
+                  "--batch-size", "2", "--workers", "0", "--quiet"]
+
+
+@pytest.mark.slow  # an 80 MB checkpoint written (and fsynced) three times: 20-30 s on the loaded 2-core machine
+def test_two_sigints_during_torchs_real_checkpoint_write_keep_the_previous_checkpoint(tmp_path):
+    """Both signals while torch.save (its C++ zip writer, calling back into Python) writes the step-4
+    checkpoint: the first asks to stop, the second (sent once the first was handled, the write still
+    going) cuts the write short. Exit 130 with the documented line, last.pt still step 2 (loads with
+    weights_only), no temp file left, and resuming it is bitwise an uninterrupted run."""
+    import threading
+
+    from gantool.core.fileio import TMP_PREFIX
+
+    out = tmp_path / "run"
+    folder, last = out / "checkpoints", out / "checkpoints" / "last.pt"
+    seen: dict[str, int | None] = {}
+
+    def size(path: Path) -> int | None:
+        try:
+            return path.stat().st_size
+        except OSError:
+            return None
+
+    def signal_mid_write() -> None:
+        deadline = time.monotonic() + 120
+        while not last.exists() and time.monotonic() < deadline:  # step 2's checkpoint is complete
+            time.sleep(0.001)
+        seen["full"] = size(last)
+        while time.monotonic() < deadline:  # step 4's write has begun
+            temps = [p for p in folder.iterdir() if p.name.startswith(TMP_PREFIX)]
+            if temps and (size(temps[0]) or 0) > 0:
+                break
+        else:
+            return
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.02)  # the first is handled at the writer's next call into Python
+        seen["at_second"] = size(temps[0])
+        os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=signal_mid_write, daemon=True)
+    thread.start()
+    result = run_cli("train", "--out", str(out), *BIG_WRITE_ARGS, "--steps-g", "8", "--steps-d", "0",
+                     "--steps-joint", "0", "--checkpoint-every", "2", "--sample-every", "100", "--log-every", "1",
+                     "--no-keep-checkpoints")
+    thread.join(timeout=10)
+    assert seen.get("at_second") is not None and seen["full"] is not None, (seen, result.output)
+    assert seen["at_second"] < seen["full"], seen  # the second came while the new file was being written
+    assert result.exit_code == 130, result.output
+    assert "Traceback" not in result.output and "enforce fail" not in result.output, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines == [
+        "stopped at once by a second SIGINT: nothing saved after the last checkpoint; "
+        f"the last complete checkpoint is {last.resolve()} (step 2)",
+        f"resume with: gantool train --resume {last.resolve()}",
+    ], result.output
+    assert [p.name for p in folder.iterdir()] == ["last.pt"]
+    state = torch.load(last, map_location="cpu", weights_only=True)
+    assert state["step"] == 2
+    status = json.loads((out / "status.json").read_text())
+    assert status["state"] == "stopped" and status["checkpoint_step"] == 2, status
+    # Resumed for one step, and an uninterrupted run of 3 steps: bitwise equal.
+    resumed = run_cli("train", "--resume", str(last), "--steps-g", "3", "--quiet")
+    assert resumed.exit_code == 0, resumed.output
+    straight = run_cli("train", "--out", str(tmp_path / "ref"), *BIG_WRITE_ARGS, "--steps-g", "3", "--steps-d",
+                       "0", "--steps-joint", "0", "--checkpoint-every", "2", "--sample-every", "100",
+                       "--no-keep-checkpoints")
+    assert straight.exit_code == 0, straight.output
+    after, reference = load_checkpoint(last), load_checkpoint(tmp_path / "ref" / "checkpoints" / "last.pt")
+    assert after["step"] == reference["step"] == 3
+    same_weights(after, reference)
+    for key in ("opt_g", "opt_d"):
+        for index, moments in reference[key]["state"].items():
+            for name, tensor in moments.items():
+                assert torch.equal(after[key]["state"][index][name], tensor), f"{key} {index} {name}"
+
+
 def test_the_checkpoint_writer_keeps_the_cause_torch_would_hide(tmp_path, monkeypatch):
     """torch's C++ writer turns an exception raised by f.write into "unexpected pos"."""
     import errno
