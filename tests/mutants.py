@@ -903,6 +903,14 @@ MUTANTS: list[Mutant] = [
         why="the line named the rank that waited, not the one that stopped answering",
     ),
     Mutant(
+        "stopped_rank_named_as_the_waiter",
+        "training/launch.py",
+        "    rank = min([r for r in failures if r not in stopped] or failures, key=order)",
+        "    rank = min(failures, key=order)",
+        ("test_distributed.py::test_the_dead_rank_is_named_when_the_survivor_fails_in_the_same_second",),
+        why="rank 0 SIGSTOPped: resumed, it ended in the waiter's second and was named as the one that waited",
+    ),
+    Mutant(
         "collective_timeout_not_applied",
         "training/distributed.py",
         "        if self.enabled and setter is not None:",

@@ -462,6 +462,14 @@ def test_the_dead_rank_is_named_when_the_survivor_fails_in_the_same_second() -> 
     assert first_failure(failures)[0] == 0
     failures[0].timestamp, failures[1].timestamp = failures[0].timestamp + 2, failures[0].timestamp
     assert first_failure(failures)[0] == 1
+    # A rank the launcher found stopped (SIGSTOP) when the first ended, resumed and ended in the same
+    # second as the one that waited for it (lost contact, or the agent's SIGTERM), is never the first.
+    for stopped_code in (ProcessLostError.exit_code, 143, -signal.SIGTERM):
+        failures = {0: ProcessFailure(0, 100, stopped_code, "<N/A>"),
+                    1: ProcessFailure(1, 101, ProcessLostError.exit_code, "<N/A>")}
+        failures[0].timestamp = failures[1].timestamp
+        assert first_failure(failures)[0] == 0  # by the failures alone: the lower rank
+        assert first_failure(failures, stopped={0: 100})[0] == 1
 
 
 def test_the_dead_rank_line_names_the_last_checkpoint_and_finds_a_default_run_folder(

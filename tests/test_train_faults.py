@@ -812,24 +812,27 @@ def test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_r
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the launcher's workers through Linux /proc")
-def test_nproc_launch_a_stopped_rank_ends_the_run_within_the_collective_timeout(tmp_path):
-    """SIGSTOP of rank 1 (alive, silent): rank 0 waits --collective-timeout (3 s here, not gloo's 30
-    minutes) in its next collective, then the launcher names rank 1 in one line, resumes it so the
-    agent's SIGTERM ends it (no 30 s SIGKILL wait, nothing left stopped), and the checkpoint named
-    resumes exactly."""
+@pytest.mark.parametrize("stopped", [1, 0])  # 0: the rank that writes checkpoints and status.json
+def test_nproc_launch_a_stopped_rank_ends_the_run_within_the_collective_timeout(tmp_path, stopped):
+    """SIGSTOP of one rank (alive, silent): the other waits --collective-timeout (3 s here, not gloo's
+    30 minutes) in its next collective, then the launcher names the stopped rank in one line, resumes
+    it so the agent's SIGTERM ends it (no 30 s SIGKILL wait, nothing left stopped), and the checkpoint
+    named resumes exactly."""
     out = tmp_path / "run"
     proc, workers = _start_and_get_going(tmp_path, out, "--collective-timeout", "3")
     assert read_toml(out / "config.toml")["collective_timeout"] == 3.0  # recorded in the run
-    os.kill(workers[1], signal.SIGSTOP)
+    os.kill(workers[stopped], signal.SIGSTOP)
     stopped_at = time.monotonic()
     stderr = _end(proc, str(out), timeout=120)
     took = time.monotonic() - stopped_at
     assert proc.returncode == 1, stderr
     assert took < 25, f"the launcher took {took:.0f} s after the SIGSTOP"  # 3 s, then the agent's stop
-    start = (f"process 1 of 2 stopped answering (pid {workers[1]}, found stopped by SIGSTOP, Ctrl-Z or a debugger): "
-             f"process 0 (pid {workers[0]}) waited --collective-timeout 3 s for it; the others were stopped.")
+    other = 1 - stopped
+    start = (f"process {stopped} of 2 stopped answering (pid {workers[stopped]}, found stopped by SIGSTOP, Ctrl-Z "
+             f"or a debugger): process {other} (pid {workers[other]}) waited --collective-timeout 3 s for it; "
+             "the others were stopped.")
     state, step = _assert_one_failure_line(stderr, out, start)
-    assert not Path(f"/proc/{workers[1]}").exists(), "the stopped rank was left behind"
+    assert not Path(f"/proc/{workers[stopped]}").exists(), "the stopped rank was left behind"
     _assert_resumes_exactly(tmp_path, out, state, step)
 
 

@@ -39,7 +39,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -240,7 +240,7 @@ def launch(
     except SignalException as e:
         return 128 + int(e.sigval)
     except ChildFailedError as e:
-        rank, failure = first_failure(e.failures)
+        rank, failure = first_failure(e.failures, watch.stopped)
         if failure.exitcode in (130, 143):  # a worker stopped by a signal sent to it alone
             return failure.exitcode
         folder = run_dir or _run_of_pids({f.pid for f in e.failures.values()})
@@ -292,21 +292,22 @@ def _record_failure(folder: Path, line: str) -> None:
         log.warning("could not record the failure in %s: %s", folder / STATUS_FILE, first_line(e))
 
 
-def first_failure(failures: Mapping[int, Any]) -> tuple[int, Any]:
+def first_failure(failures: Mapping[int, Any], stopped: Collection[int] = ()) -> tuple[int, Any]:
     """The rank that failed first, and its ``ProcessFailure``.
 
     torch's ``ChildFailedError.get_first_failure`` orders by the failures' timestamps,
     which are whole seconds: a survivor the agent stopped (or that saw the dead one's
     sockets close) within the same second wins that tie when its rank is lower. So
     among the earliest, a process that ended by itself comes before one that ended
-    because the other did (lost contact, or the agent's SIGTERM).
+    because the other did (lost contact, or the agent's SIGTERM). A rank in ``stopped``
+    (found stopped when the first one ended, then resumed and ended) never comes first.
     """
     secondary = {ProcessLostError.exit_code, 128 + signal.SIGTERM, -signal.SIGTERM}
 
     def order(rank: int) -> tuple[int, bool, int]:
         return failures[rank].timestamp, failures[rank].exitcode in secondary, rank
 
-    rank = min(failures, key=order)
+    rank = min([r for r in failures if r not in stopped] or failures, key=order)
     return rank, failures[rank]
 
 
