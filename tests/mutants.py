@@ -911,6 +911,14 @@ MUTANTS: list[Mutant] = [
         why="rank 0 SIGSTOPped: resumed, it ended in the waiter's second and was named as the one that waited",
     ),
     Mutant(
+        "abort_after_rename_names_the_older_checkpoint",
+        "training/loop.py",
+        "            if _file_id(path) not in (None, before):",
+        "            if False:",
+        ("test_train_faults.py::test_a_second_signal_just_after_the_checkpoint_was_renamed_reports_that_checkpoint",),
+        why="a second signal just after last.pt's rename: the line said step 4 for a last.pt holding step 6",
+    ),
+    Mutant(
         "collective_timeout_not_applied",
         "training/distributed.py",
         "        if self.enabled and setter is not None:",

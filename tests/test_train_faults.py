@@ -192,6 +192,31 @@ def test_two_sigints_during_torchs_real_checkpoint_write_keep_the_previous_check
                 assert torch.equal(after[key]["state"][index][name], tensor), f"{key} {index} {name}"
 
 
+def test_a_second_signal_just_after_the_checkpoint_was_renamed_reports_that_checkpoint(tmp_path, monkeypatch):
+    """The second signal lands after the new last.pt was renamed into place, before the loop had noted
+    it: the file is complete and is the newest, so the line (and status.json) must name its step,
+    not the previous checkpoint's (before the fix: "(step 4)" for a last.pt holding step 6)."""
+    out = tmp_path / "run"
+    last = out / "checkpoints" / "last.pt"
+    signal_during_step(monkeypatch, at_call=6, count=1)  # the first: stop after step 6 with a checkpoint
+    real_replace = os.replace
+
+    def replace_then_second_signal(src, dst, *args, **kwargs):
+        real_replace(src, dst, *args, **kwargs)
+        if Path(dst) == last and load_checkpoint(last)["step"] == 6:
+            os.kill(os.getpid(), signal.SIGINT)  # the second, handled at the next bytecode: still in the writer
+
+    monkeypatch.setattr(os, "replace", replace_then_second_signal)
+    result = run_cli("train", "--out", str(out), *TINY_ARGS, "--steps-g", "8", "--steps-d", "0", "--steps-joint",
+                     "0", "--checkpoint-every", "4", "--sample-every", "100", "--no-keep-checkpoints")
+    monkeypatch.undo()
+    assert result.exit_code == 130, result.output
+    assert load_checkpoint(last)["step"] == 6
+    assert f"the last complete checkpoint is {last.resolve()} (step 6)" in result.output, result.output
+    assert json.loads((out / "status.json").read_text())["checkpoint_step"] == 6
+    assert [p.name for p in last.parent.iterdir()] == ["last.pt"]
+
+
 def test_the_checkpoint_writer_keeps_the_cause_torch_would_hide(tmp_path, monkeypatch):
     """torch's C++ writer turns an exception raised by f.write into "unexpected pos"."""
     import errno
