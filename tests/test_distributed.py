@@ -462,6 +462,14 @@ def test_the_dead_rank_is_named_when_the_survivor_fails_in_the_same_second() -> 
     assert first_failure(failures)[0] == 0
     failures[0].timestamp, failures[1].timestamp = failures[0].timestamp + 2, failures[0].timestamp
     assert first_failure(failures)[0] == 1
+    # A rank the launcher found stopped (SIGSTOP) when the first ended, resumed and ended in the same
+    # second as the one that waited for it (lost contact, or the agent's SIGTERM), is never the first.
+    for stopped_code in (ProcessLostError.exit_code, 143, -signal.SIGTERM):
+        failures = {0: ProcessFailure(0, 100, stopped_code, "<N/A>"),
+                    1: ProcessFailure(1, 101, ProcessLostError.exit_code, "<N/A>")}
+        failures[0].timestamp = failures[1].timestamp
+        assert first_failure(failures)[0] == 0  # by the failures alone: the lower rank
+        assert first_failure(failures, stopped={0: 100})[0] == 1
 
 
 def test_the_dead_rank_line_names_the_last_checkpoint_and_finds_a_default_run_folder(
@@ -490,3 +498,62 @@ def test_the_dead_rank_line_names_the_last_checkpoint_and_finds_a_default_run_fo
     assert last_checkpoint_line(run, 4) == (
         f"Last complete checkpoint: {last} (step 12); resume with: gantool train --resume {last} --nproc-per-node 4"
     )
+
+
+# ------------------------------------------------------------------ a silent process
+
+SILENT_PEER = """
+import os, sys, time
+import torch.distributed as dist
+time.sleep(float(sys.argv[1]))  # joins later than the steps' timeout: the set-up must wait longer
+dist.init_process_group("gloo", rank=1, world_size=2)
+dist.barrier()
+time.sleep(600)  # alive, never in the next collective: it stopped answering
+"""
+
+
+@pytest.mark.skipif(not torch.distributed.is_gloo_available(), reason="needs torch's gloo backend")
+def test_a_silent_peer_ends_the_next_collective_within_the_collective_timeout(
+    monkeypatch: pytest.MonkeyPatch, subprocess_env: dict[str, str]
+) -> None:
+    """A real gloo pair set up by :func:`setup_distributed` (env://, as torchrun describes it): joining
+    waits for a peer that comes later than ``collective_timeout`` (the set-up's timeout is longer), then
+    from :meth:`start_steps` on, a collective the peer never joins fails after that timeout (torch's
+    default: 30 minutes), and the survivor's one line says which timeout it was."""
+    import socket
+
+    import torch.distributed as torch_dist
+
+    from gantool.training.distributed import is_collective_failure, process_lost
+
+    with socket.socket() as s:  # a free port for rank 0's store
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    timeout = 0.25
+    peer = subprocess.Popen([sys.executable, "-c", SILENT_PEER, str(2 * timeout)],
+                            env={**subprocess_env, **env, "RANK": "1", "LOCAL_RANK": "1"})
+    try:
+        context = setup_distributed("cpu", collective_timeout=timeout)  # waits for the late peer
+        try:
+            assert context.enabled and context.owns_group and context.collective_timeout == timeout
+            context.barrier()  # still the set-up's timeout: both are in
+            context.start_steps()
+            started = time.monotonic()
+            with pytest.raises(RuntimeError) as failed:
+                context.step_consensus({"loss_rec": torch.tensor(1.0)}, stop=False)
+            waited = time.monotonic() - started
+        finally:
+            context.shutdown()
+    finally:
+        peer.kill()
+        peer.wait()
+    assert not torch_dist.is_initialized()
+    assert timeout <= waited < 10 * timeout + 2, f"waited {waited:.2f} s"
+    assert is_collective_failure(failed.value), failed.value
+    line = str(process_lost(context, failed.value, "at step 3", "kept: x.pt"))
+    assert "\n" not in line and "gloo/transport" not in line, line
+    assert line.startswith("process 0 of 2 lost contact with another process at step 3 (Timed out waiting 250ms"), line
+    assert ": no answer within --collective-timeout 0.25 s); it stopped without saving; kept: x.pt" in line, line

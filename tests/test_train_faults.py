@@ -113,6 +113,110 @@ def test_a_second_signal_during_the_final_checkpoint_write_keeps_the_previous_on
     assert not [p for p in (out / "checkpoints").iterdir() if p.name != "last.pt"]
 
 
+# A model whose checkpoint (weights and both Adam moments: ~80 MB in ~100 records of up to 4 MB) takes torch's
+# writer long enough to signal it mid-write: tens of ms of C++ writes with Python callbacks between them.
+BIG_WRITE_ARGS = ["--size", "32", "--local-size", "16", "--width", "16", "--disc-width", "4", "--disc-fc", "16384",
+                  "--batch-size", "2", "--workers", "0", "--quiet"]
+
+
+@pytest.mark.slow  # an 80 MB checkpoint written (and fsynced) three times: 20-30 s on the loaded 2-core machine
+def test_two_sigints_during_torchs_real_checkpoint_write_keep_the_previous_checkpoint(tmp_path):
+    """Both signals while torch.save (its C++ zip writer, calling back into Python) writes the step-4
+    checkpoint: the first asks to stop, the second (sent once the first was handled, the write still
+    going) cuts the write short. Exit 130 with the documented line, last.pt still step 2 (loads with
+    weights_only), no temp file left, and resuming it is bitwise an uninterrupted run."""
+    import threading
+
+    from gantool.core.fileio import TMP_PREFIX
+
+    out = tmp_path / "run"
+    folder, last = out / "checkpoints", out / "checkpoints" / "last.pt"
+    seen: dict[str, int | None] = {}
+
+    def size(path: Path) -> int | None:
+        try:
+            return path.stat().st_size
+        except OSError:
+            return None
+
+    def signal_mid_write() -> None:
+        deadline = time.monotonic() + 120
+        while not last.exists() and time.monotonic() < deadline:  # step 2's checkpoint is complete
+            time.sleep(0.001)
+        seen["full"] = size(last)
+        while time.monotonic() < deadline:  # step 4's write has begun
+            temps = [p for p in folder.iterdir() if p.name.startswith(TMP_PREFIX)]
+            if temps and (size(temps[0]) or 0) > 0:
+                break
+        else:
+            return
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.02)  # the first is handled at the writer's next call into Python
+        seen["at_second"] = size(temps[0])
+        os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=signal_mid_write, daemon=True)
+    thread.start()
+    result = run_cli("train", "--out", str(out), *BIG_WRITE_ARGS, "--steps-g", "8", "--steps-d", "0",
+                     "--steps-joint", "0", "--checkpoint-every", "2", "--sample-every", "100", "--log-every", "1",
+                     "--no-keep-checkpoints")
+    thread.join(timeout=10)
+    assert seen.get("at_second") is not None and seen["full"] is not None, (seen, result.output)
+    assert seen["at_second"] < seen["full"], seen  # the second came while the new file was being written
+    assert result.exit_code == 130, result.output
+    assert "Traceback" not in result.output and "enforce fail" not in result.output, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines == [
+        "stopped at once by a second SIGINT: nothing saved after the last checkpoint; "
+        f"the last complete checkpoint is {last.resolve()} (step 2)",
+        f"resume with: gantool train --resume {last.resolve()}",
+    ], result.output
+    assert [p.name for p in folder.iterdir()] == ["last.pt"]
+    state = torch.load(last, map_location="cpu", weights_only=True)
+    assert state["step"] == 2
+    status = json.loads((out / "status.json").read_text())
+    assert status["state"] == "stopped" and status["checkpoint_step"] == 2, status
+    # Resumed for one step, and an uninterrupted run of 3 steps: bitwise equal.
+    resumed = run_cli("train", "--resume", str(last), "--steps-g", "3", "--quiet")
+    assert resumed.exit_code == 0, resumed.output
+    straight = run_cli("train", "--out", str(tmp_path / "ref"), *BIG_WRITE_ARGS, "--steps-g", "3", "--steps-d",
+                       "0", "--steps-joint", "0", "--checkpoint-every", "2", "--sample-every", "100",
+                       "--no-keep-checkpoints")
+    assert straight.exit_code == 0, straight.output
+    after, reference = load_checkpoint(last), load_checkpoint(tmp_path / "ref" / "checkpoints" / "last.pt")
+    assert after["step"] == reference["step"] == 3
+    same_weights(after, reference)
+    for key in ("opt_g", "opt_d"):
+        for index, moments in reference[key]["state"].items():
+            for name, tensor in moments.items():
+                assert torch.equal(after[key]["state"][index][name], tensor), f"{key} {index} {name}"
+
+
+def test_a_second_signal_just_after_the_checkpoint_was_renamed_reports_that_checkpoint(tmp_path, monkeypatch):
+    """The second signal lands after the new last.pt was renamed into place, before the loop had noted
+    it: the file is complete and is the newest, so the line (and status.json) must name its step,
+    not the previous checkpoint's (before the fix: "(step 4)" for a last.pt holding step 6)."""
+    out = tmp_path / "run"
+    last = out / "checkpoints" / "last.pt"
+    signal_during_step(monkeypatch, at_call=6, count=1)  # the first: stop after step 6 with a checkpoint
+    real_replace = os.replace
+
+    def replace_then_second_signal(src, dst, *args, **kwargs):
+        real_replace(src, dst, *args, **kwargs)
+        if Path(dst) == last and load_checkpoint(last)["step"] == 6:
+            os.kill(os.getpid(), signal.SIGINT)  # the second, handled at the next bytecode: still in the writer
+
+    monkeypatch.setattr(os, "replace", replace_then_second_signal)
+    result = run_cli("train", "--out", str(out), *TINY_ARGS, "--steps-g", "8", "--steps-d", "0", "--steps-joint",
+                     "0", "--checkpoint-every", "4", "--sample-every", "100", "--no-keep-checkpoints")
+    monkeypatch.undo()
+    assert result.exit_code == 130, result.output
+    assert load_checkpoint(last)["step"] == 6
+    assert f"the last complete checkpoint is {last.resolve()} (step 6)" in result.output, result.output
+    assert json.loads((out / "status.json").read_text())["checkpoint_step"] == 6
+    assert [p.name for p in last.parent.iterdir()] == ["last.pt"]
+
+
 def test_the_checkpoint_writer_keeps_the_cause_torch_would_hide(tmp_path, monkeypatch):
     """torch's C++ writer turns an exception raised by f.write into "unexpected pos"."""
     import errno
@@ -638,20 +742,17 @@ def _same_state(a, b, where: str = "") -> None:
         assert a == b, f"{where}: {a!r} != {b!r}"
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the launcher's workers through Linux /proc")
-def test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_resumes_exactly(tmp_path):
-    """kill -9 of rank 1 (not the launcher) in the middle of a 2-process run: the survivor must not
-    wait in a collective (gloo fails it at once: the dead process's sockets close), the launcher
-    exits 1 within seconds with one line (no traceback from either), no process is left, and the
-    checkpoint it names is exactly the state an uninterrupted 2-process run has at that step."""
-    out = tmp_path / "run"
-    launcher = [sys.executable, "-m", "gantool", "train", "--nproc-per-node", "2"]
-    proc = subprocess.Popen([*launcher, "--out", str(out), *NPROC_ARGS, "--steps-g", "100000"], env=subprocess_env(), cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+LAUNCHER = [sys.executable, "-m", "gantool", "train", "--nproc-per-node", "2"]
+
+
+def _start_and_get_going(tmp_path: Path, out: Path, *extra: str) -> tuple[subprocess.Popen, dict[int, int]]:
+    """A 2-process run with a checkpoint on disk and steps running past it; its rank -> worker pid."""
+    proc = subprocess.Popen([*LAUNCHER, "--out", str(out), *NPROC_ARGS, "--steps-g", "100000", *extra],
+                            env=subprocess_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     last, metrics = out / "checkpoints" / "last.pt", out / "metrics.jsonl"
     deadline = time.monotonic() + 300
-    while True:  # a checkpoint on disk and steps running past it
+    while True:
         assert proc.poll() is None, _end(proc, str(out), 10)
         logged = metrics.read_text().count('"images_per_s"') if metrics.exists() else 0
         if last.exists() and logged >= 3:
@@ -662,39 +763,41 @@ def test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_r
         time.sleep(0.05)
     workers = _worker_pids(proc.pid)
     assert sorted(workers) == [0, 1], workers
-    os.kill(workers[1], signal.SIGKILL)
-    killed_at = time.monotonic()
-    stderr = _end(proc, str(out), timeout=120)
-    took = time.monotonic() - killed_at
-    assert proc.returncode == 1, stderr
-    assert took < 60, f"the launcher took {took:.0f} s after the kill"  # the agent's own SIGKILL comes at 30 s
+    return proc, workers
+
+
+def _assert_one_failure_line(stderr: str, out: Path, start: str) -> tuple[dict, int]:
+    """The launcher's one line (``start``, then the last checkpoint and how to resume), that
+    status.json records it, and that no process of the run is left; the named checkpoint's state."""
+    last = (out / "checkpoints" / "last.pt").resolve()
     assert "Traceback" not in stderr and "[rank" not in stderr, stderr
     lines = [line for line in stderr.splitlines() if line.strip()]
     state = torch.load(last, map_location="cpu", weights_only=True)
     step = state["step"]
     assert len(lines) == 1, stderr
     assert lines[0] == (
-        f"Error: process 1 of 2 ended with signal SIGKILL (pid {workers[1]}); the others were stopped. "
-        f"Last complete checkpoint: {last.resolve()} (step {step}); "
-        f"resume with: gantool train --resume {last.resolve()} --nproc-per-node 2"
+        f"Error: {start} Last complete checkpoint: {last} (step {step}); "
+        f"resume with: gantool train --resume {last} --nproc-per-node 2"
     )
     assert not _processes_naming(str(out)), "a worker outlived the launcher"
-    status = json.loads((out / "status.json").read_text())  # the survivor stopped itself, at a collective
-    assert status["state"] == "failed" and status["pid"] == workers[0], status
-    assert "process 0 of 2 lost contact with another process at step" in status["message"], status
+    status = json.loads((out / "status.json").read_text())  # the launcher's record, whichever rank failed
+    assert (status["state"], status["reason"], status["message"]) == ("failed", "process lost", lines[0][7:]), status
+    assert status["checkpoint_step"] == step and status["step"] >= step, status
     assert step >= 2 and step % 2 == 0
+    return state, step
 
-    # The same run to that step, never interrupted: the same training state, bit for bit.
+
+def _assert_resumes_exactly(tmp_path: Path, out: Path, state: dict, step: int) -> None:
+    """The checkpoint is the state an uninterrupted 2-process run has at ``step``, bit for bit, and a
+    single process resumes it in place (as the line says, less the launcher) and goes on exactly."""
     ref = tmp_path / "ref"
-    done = subprocess.run([*launcher, "--out", str(ref), *NPROC_ARGS, "--steps-g", str(step)],
+    done = subprocess.run([*LAUNCHER, "--out", str(ref), *NPROC_ARGS, "--steps-g", str(step)],
                           env=subprocess_env(), cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     reference = load_checkpoint(ref / "checkpoints" / "last.pt")
     for key in TRAINING_STATE:
         _same_state(state[key], reference[key], key)
     _same_state(state["rng"]["torch"], reference["rng"]["torch"], "rng.torch")
-
-    # A single process resumes it in place (as the line says, less the launcher) and goes on exactly.
     for run in (out, ref):
         resumed = subprocess.run([sys.executable, "-m", "gantool", "train", "--resume",
                                   str(run / "checkpoints" / "last.pt"), "--steps-g", str(step + 2), "--quiet"],
@@ -705,5 +808,164 @@ def test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_r
     for key in TRAINING_STATE:
         _same_state(after[0][key], after[1][key], key)
     _same_state(after[0]["rng"]["torch"], after[1]["rng"]["torch"], "rng.torch")
-    logged = [r["step"] for r in map(json.loads, metrics.read_text().splitlines()) if "images_per_s" in r]
+    logged = [r["step"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+              if "images_per_s" in r]
     assert logged == list(range(1, step + 3))  # the steps logged past the checkpoint were trained again, once
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the launcher's workers through Linux /proc")
+@pytest.mark.parametrize("killed", [1, 0])  # 0: the rank that keeps status.json
+def test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_resumes_exactly(tmp_path, killed):
+    """kill -9 of one rank (not the launcher) in the middle of a 2-process run: the survivor must not
+    wait in a collective (gloo fails it at once: the dead process's sockets close), the launcher
+    exits 1 within seconds with one line (no traceback from either), no process is left, status.json
+    says failed with that line (rank 0 killed: it said running before the launcher's record), and
+    the checkpoint it names is exactly the state an uninterrupted 2-process run has at that step."""
+    out = tmp_path / "run"
+    proc, workers = _start_and_get_going(tmp_path, out)
+    os.kill(workers[killed], signal.SIGKILL)
+    killed_at = time.monotonic()
+    stderr = _end(proc, str(out), timeout=120)
+    took = time.monotonic() - killed_at
+    assert proc.returncode == 1, stderr
+    assert took < 60, f"the launcher took {took:.0f} s after the kill"  # the agent's own SIGKILL comes at 30 s
+    start = f"process {killed} of 2 ended with signal SIGKILL (pid {workers[killed]}); the others were stopped."
+    state, step = _assert_one_failure_line(stderr, out, start)
+    _assert_resumes_exactly(tmp_path, out, state, step)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the launcher's workers through Linux /proc")
+@pytest.mark.parametrize("stopped", [1, 0])  # 0: the rank that writes checkpoints and status.json
+def test_nproc_launch_a_stopped_rank_ends_the_run_within_the_collective_timeout(tmp_path, stopped):
+    """SIGSTOP of one rank (alive, silent): the other waits --collective-timeout (3 s here, not gloo's
+    30 minutes) in its next collective, then the launcher names the stopped rank in one line, resumes
+    it so the agent's SIGTERM ends it (no 30 s SIGKILL wait, nothing left stopped), and the checkpoint
+    named resumes exactly."""
+    out = tmp_path / "run"
+    proc, workers = _start_and_get_going(tmp_path, out, "--collective-timeout", "3")
+    assert read_toml(out / "config.toml")["collective_timeout"] == 3.0  # recorded in the run
+    os.kill(workers[stopped], signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    stderr = _end(proc, str(out), timeout=120)
+    took = time.monotonic() - stopped_at
+    assert proc.returncode == 1, stderr
+    assert took < 25, f"the launcher took {took:.0f} s after the SIGSTOP"  # 3 s, then the agent's stop
+    other = 1 - stopped
+    start = (f"process {stopped} of 2 stopped answering (pid {workers[stopped]}, found stopped by SIGSTOP, Ctrl-Z "
+             f"or a debugger): process {other} (pid {workers[other]}) waited --collective-timeout 3 s for it; "
+             "the others were stopped.")
+    state, step = _assert_one_failure_line(stderr, out, start)
+    assert not Path(f"/proc/{workers[stopped]}").exists(), "the stopped rank was left behind"
+    _assert_resumes_exactly(tmp_path, out, state, step)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads its children through Linux /proc")
+def test_the_launcher_names_a_stopped_worker_and_resumes_it_once_another_has_ended(tmp_path):
+    """What the launcher does beside torch's agent, on real child processes (RANK in their environment,
+    each in its own session, as the agent starts them): nothing while all run; once one has ended, the
+    stopped one is named and resumed (SIGCONT), so the agent's SIGTERM can end it; the line names it."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from gantool.core.errors import ProcessLostError
+    from gantool.training.launch import _WorkerWatch, failure_line
+
+    def worker(rank: int) -> subprocess.Popen:
+        return subprocess.Popen(["sleep", "30"], env={**os.environ, "RANK": str(rank)}, start_new_session=True)
+
+    def state(pid: int) -> str:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+    workers = [worker(0), worker(1), worker(2)]
+    try:
+        watch = _WorkerWatch(interval=60)  # polled by hand here
+        deadline = time.monotonic() + 10
+        while len(watch.ranks) < 3 and time.monotonic() < deadline:  # each has exec'd with its RANK
+            watch.poll()
+        assert sorted(watch.ranks.values()) == [0, 1, 2]
+        os.kill(workers[1].pid, signal.SIGSTOP)
+        while state(workers[1].pid) != "T":
+            time.sleep(0.01)
+        watch.poll()
+        assert not watch.ended and state(workers[1].pid) == "T"  # all alive: a pause is not touched
+        workers[0].kill()  # rank 0 ends (as after its collective timed out); not yet reaped: a zombie
+        while state(workers[0].pid) != "Z":
+            time.sleep(0.01)
+        watch.poll()
+        assert watch.ended and watch.stopped == {1: workers[1].pid}
+        assert state(workers[1].pid) in "RS"  # resumed: a pending SIGTERM now reaches it
+        failures = {0: ProcessFailure(0, workers[0].pid, ProcessLostError.exit_code, "<N/A>"),
+                    1: ProcessFailure(1, workers[1].pid, -signal.SIGTERM, "<N/A>")}
+        assert failure_line(0, failures[0], failures, 3, watch, 5.0) == (
+            f"process 1 of 3 stopped answering (pid {workers[1].pid}, found stopped by SIGSTOP, Ctrl-Z or a "
+            f"debugger): process 0 (pid {workers[0].pid}) waited --collective-timeout 5 s for it; "
+            "the others were stopped."
+        )
+        # Not found stopped (a hang): of 2 it is the other one; of more, unknown.
+        watch.stopped = {}
+        assert failure_line(0, failures[0], failures, 2, watch, 5.0).startswith(
+            f"process 1 of 2 stopped answering (pid {workers[1].pid}): process 0 (pid {workers[0].pid}) waited"
+        )
+        assert failure_line(0, failures[0], failures, 3, watch, 0.5) == (
+            f"a process of 3 stopped answering: process 0 (pid {workers[0].pid}) waited --collective-timeout "
+            "0.5 s for it; the others were stopped."
+        )
+        killed = ProcessFailure(2, workers[2].pid, -signal.SIGKILL, "<N/A>")
+        assert failure_line(2, killed, {2: killed}, 3, watch, 5.0) == (
+            f"process 2 of 3 ended with signal SIGKILL (pid {workers[2].pid}); the others were stopped."
+        )
+    finally:
+        for proc in workers:
+            proc.kill()
+            proc.wait()
+
+
+def test_the_launcher_marks_a_run_failed_keeping_its_progress(tmp_path):
+    """The launcher's record after a worker failed: status.json says failed with its line (rank 0,
+    which keeps the record, may have been killed while it said running), step and checkpoint kept,
+    and `gantool runs` shows it; a folder without a record is left alone."""
+    from gantool.training.launch import _record_failure
+    from gantool.training.runs import summarize_run
+    from gantool.training.tracking import write_status
+
+    run = tmp_path / "run"
+    run.mkdir()
+    write_status(run, "running", 7, 100, "g", checkpoint_step=6)
+    line = "process 0 of 2 ended with signal SIGKILL (pid 4242); the others were stopped. Last complete ..."
+    _record_failure(run, line)
+    status = json.loads((run / "status.json").read_text())
+    assert (status["state"], status["reason"], status["message"]) == ("failed", "process lost", line)
+    assert (status["step"], status["total_steps"], status["phase"], status["checkpoint_step"]) == (7, 100, "g", 6)
+    assert status["pid"] == os.getpid()
+    info = summarize_run(run)
+    assert (info.status, info.message, info.step) == ("failed", line, 7)
+    assert not [p.name for p in run.iterdir() if p.name != "status.json"]  # atomic: no temp file left
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _record_failure(empty, line)
+    assert not list(empty.iterdir())
+
+
+@pytest.mark.parametrize("args, toml, fragment", [
+    (["--collective-timeout", "0"], None, "collective_timeout = 0.0: expected a number > 0 and <= 86400"),
+    (["--collective-timeout", "nan"], None, "collective_timeout = nan: expected a number > 0"),
+    (["--collective-timeout", "soon"], None, "'soon' is not a valid float"),
+    ([], 'collective_timeout = "60"', "collective_timeout = '60': expected a number > 0 and <= 86400"),
+    ([], "collective_timeout = true", "collective_timeout = True: expected a number"),
+])
+def test_a_bad_collective_timeout_is_one_line_before_any_folder(tmp_path, args, toml, fragment):
+    if toml is not None:
+        (tmp_path / "t.toml").write_text(toml + "\n")
+        args = [*args, "--config", str(tmp_path / "t.toml")]
+    for launcher in ([], ["--nproc-per-node", "2"]):
+        one_line(run_cli("train", "--out", str(tmp_path / "run"), *TINY_ARGS, *launcher, *args), fragment)
+        assert not (tmp_path / "run").exists()
+
+
+def test_the_collective_timeout_is_recorded_in_the_run_and_kept_on_resume(tmp_path):
+    cfg = tiny_train_config(out=str(tmp_path / "run"), steps_g=1, steps_d=0, steps_joint=0, collective_timeout=7.5)
+    first = train(cfg, progress=False)
+    assert read_toml(first.run_dir / "config.toml")["collective_timeout"] == 7.5
+    resumed = train({"steps_g": 2}, resume=first.last_checkpoint, progress=False)
+    assert read_toml(resumed.run_dir / "config.toml")["collective_timeout"] == 7.5

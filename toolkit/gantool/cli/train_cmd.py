@@ -107,6 +107,12 @@ class OneLineErrors(click.Command):
 @flag_option("channels_last", "channels_last memory format (auto: on for CUDA and with amp).", show="auto")
 @flag_option("compile", "torch.compile both networks.")
 @flag_option("sync_bn", "SyncBatchNorm across processes (torchrun).")
+@config_option(
+    "collective_timeout",
+    "Seconds a process waits for the others in a collective (several processes) before the run ends, "
+    "naming the one that stopped answering.",
+    type=float,
+)
 @click.option(
     "--resume",
     type=click.Path(dir_okay=False),
@@ -204,8 +210,8 @@ def _launch(
 
     chosen = read_toml(config_file) if config_file else {}
     chosen.update(explicit_options(click.get_current_context(), options))
-    run_dir = check_launch(chosen, resume, nproc, allow_data_change)
-    sys.exit(launch(nproc, _argv_without_nproc(), run_dir))
+    plan = check_launch(chosen, resume, nproc, allow_data_change)
+    sys.exit(launch(nproc, _argv_without_nproc(), plan.run_dir, plan.collective_timeout))
 
 
 def _argv_without_nproc() -> list[str]:

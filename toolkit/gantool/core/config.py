@@ -21,7 +21,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 import tomli_w
 
-from gantool.core.constants import BLOCK_ORDERS, MASK_KINDS
+from gantool.core.constants import BLOCK_ORDERS, DEFAULT_COLLECTIVE_TIMEOUT_S, MASK_KINDS, MAX_COLLECTIVE_TIMEOUT_S
 from gantool.core.errors import InputError, first_line
 
 # Two stride-2 convolutions down, two stride-2 transposed convolutions up.
@@ -133,6 +133,8 @@ class TrainConfig:
     channels_last: bool | None = None  # None: on for CUDA and wherever amp is on
     compile: bool = False
     sync_bn: bool = False
+    # Seconds a process waits in a collective for the others (DDP only; see DEFAULT_COLLECTIVE_TIMEOUT_S).
+    collective_timeout: float = DEFAULT_COLLECTIVE_TIMEOUT_S
     workers: int = 2
     log_every: int = 10
     sample_every: int = 500
@@ -244,6 +246,7 @@ FIELD_RULES: dict[str, tuple[str, float | None, float | None]] = {
     "channels_last": ("bool?", None, None),
     "compile": ("bool", None, None),
     "sync_bn": ("bool", None, None),
+    "collective_timeout": ("float>", 0, MAX_COLLECTIVE_TIMEOUT_S),
     "workers": ("int", 0, 256),
     "log_every": ("int", 1, MAX_STEPS),
     "sample_every": ("int", 1, MAX_STEPS),

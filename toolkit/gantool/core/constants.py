@@ -139,3 +139,14 @@ IMPORTED_PHASE = "imported"  # an imported checkpoint's phase: it was not traine
 SAMPLES_DIR = "samples"
 TENSORBOARD_DIR = "tensorboard"
 RUN_EXPORT_DIR = "export"  # where `gantool export` writes by default
+
+# Multi-process training (gantool.training.distributed): how long a process waits in a collective
+# (DDP's gradient all-reduce, the per-step consensus) for the others before the run ends, naming the
+# one that stopped answering. Rank 0 checkpoints and validates alone while the others wait in the next
+# step's all-reduce, so this must exceed the longest of those pauses (and, with --compile, the
+# difference between the ranks' first-step compile times). torch's own default is 30 minutes for gloo.
+DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
+MAX_COLLECTIVE_TIMEOUT_S = 86_400.0
+# Joining the process group and the set-up before the first step wait at least this long: the
+# processes start (import torch, read the data) at different speeds on a loaded machine.
+SETUP_COLLECTIVE_TIMEOUT_S = 600.0

@@ -14,6 +14,10 @@ What the training loop needs from here:
   averages the logged losses and lets every rank agree on stopping (a NaN or a
   Ctrl-C seen by one rank must stop all of them at the same step, or the others
   would wait forever in the next collective);
+- :meth:`DistributedContext.start_steps`: from the first step on, a collective
+  waits at most ``collective_timeout`` s for the others (set-up waits longer,
+  :data:`~gantool.core.constants.SETUP_COLLECTIVE_TIMEOUT_S`), so a hung process
+  ends the run instead of holding the others for gloo's 30 minutes;
 - :func:`seed_rank`: a distinct, reproducible RNG stream per rank;
 - :func:`sync_batchnorm_supported`: torch's SyncBatchNorm refuses CPU tensors.
 
@@ -23,6 +27,7 @@ contiguous share of the step's global batch).
 
 from __future__ import annotations
 
+import datetime
 import os
 import random
 from collections.abc import Mapping
@@ -34,6 +39,7 @@ import torch
 import torch.distributed as torch_dist
 from torch import Tensor, nn
 
+from gantool.core.constants import DEFAULT_COLLECTIVE_TIMEOUT_S, SETUP_COLLECTIVE_TIMEOUT_S
 from gantool.core.errors import InputError, ProcessLostError
 
 T = TypeVar("T")
@@ -51,6 +57,7 @@ class DistributedContext:
     local_rank: int = 0
     device: torch.device | None = None  # set when distributed (one device per process)
     owns_group: bool = False
+    collective_timeout: float = DEFAULT_COLLECTIVE_TIMEOUT_S  # s, from the first step on
 
     @property
     def enabled(self) -> bool:
@@ -93,6 +100,15 @@ class DistributedContext:
         values = packed.tolist()
         return {k: v / self.world_size for k, v in zip(names, values)}, values[-1] > 0
 
+    def start_steps(self) -> None:
+        """From here on a collective waits at most ``collective_timeout`` s (the set-up waited longer).
+
+        torch has no public setter for a group's timeout; ``_set_pg_timeout`` (torch >= 2.3) changes
+        gloo's and NCCL's. Without it the set-up's longer timeout stays in force."""
+        setter = getattr(torch_dist.distributed_c10d, "_set_pg_timeout", None)
+        if self.enabled and setter is not None:
+            setter(datetime.timedelta(seconds=self.collective_timeout))
+
     def barrier(self) -> None:
         if self.enabled:
             torch_dist.barrier()
@@ -113,8 +129,14 @@ def _env_int(name: str, default: str | None = None) -> int:
         raise InputError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
-def setup_distributed(device_name: str = "auto") -> DistributedContext:
-    """Join the process group torchrun describes in the environment, if any."""
+def setup_distributed(
+    device_name: str = "auto", collective_timeout: float = DEFAULT_COLLECTIVE_TIMEOUT_S
+) -> DistributedContext:
+    """Join the process group torchrun describes in the environment, if any.
+
+    Joining and the set-up's collectives wait at least SETUP_COLLECTIVE_TIMEOUT_S for the
+    others; :meth:`DistributedContext.start_steps` then bounds each collective by
+    ``collective_timeout``."""
     world_size = _env_int("WORLD_SIZE", "1")
     if world_size <= 1:
         return DistributedContext()
@@ -131,8 +153,9 @@ def setup_distributed(device_name: str = "auto") -> DistributedContext:
         device = torch.device("cpu")
     owns = not torch_dist.is_initialized()
     if owns:
-        torch_dist.init_process_group(backend="nccl" if want_cuda else "gloo")
-    return DistributedContext(rank, world_size, local_rank, device, owns)
+        setup = datetime.timedelta(seconds=max(collective_timeout, SETUP_COLLECTIVE_TIMEOUT_S))
+        torch_dist.init_process_group(backend="nccl" if want_cuda else "gloo", timeout=setup)
+    return DistributedContext(rank, world_size, local_rank, device, owns, collective_timeout)
 
 
 def rank_seed(seed: int, rank: int, step: int = 0) -> int:
@@ -181,6 +204,8 @@ def process_lost(dist: DistributedContext, error: BaseException, where: str, kep
     if cause.startswith("[") and "] " in cause:  # "[/.../gloo/transport/tcp/pair.cc:553] Connection closed ..."
         cause = cause.split("] ", 1)[1]
     cause = cause.split(". ", 1)[0].rstrip(".")
+    if "timed out" in cause.lower():  # gloo: "Timed out waiting 5000ms for recv operation to complete"
+        cause += f": no answer within --collective-timeout {dist.collective_timeout:g} s"
     return ProcessLostError(
         f"process {dist.rank} of {dist.world_size} lost contact with another process {where} ({cause}); "
         f"it stopped without saving{'; ' + kept if kept else ''}"

@@ -19,7 +19,16 @@ What this adds around it:
   30 s); a survivor blocked in a collective fails at once anyway (the dead
   process's sockets close) and exits quietly with
   :attr:`~gantool.core.errors.ProcessLostError.exit_code`, leaving the report
-  to the launcher (:data:`LAUNCHER_ENV` tells it so).
+  to the launcher (:data:`LAUNCHER_ENV` tells it so);
+- a worker that stops answering (SIGSTOP, a hang) while the others wait in a
+  collective: they give up after ``--collective-timeout`` s and exit with the
+  same code; the launcher names the silent one (:class:`_WorkerWatch` saw it
+  stopped, or it is the only other one) and resumes every stopped worker
+  (SIGCONT) once one has ended, so the agent's SIGTERM reaches it and nothing
+  is left behind (a process stuck otherwise gets the agent's SIGKILL at 30 s);
+- after any worker failure the run's status.json says ``failed`` with that one
+  line (:func:`~gantool.training.tracking.mark_failed`): rank 0, which keeps it,
+  may have been the process killed.
 """
 
 from __future__ import annotations
@@ -29,12 +38,15 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
-from gantool.core.constants import CHECKPOINTS_DIR, LAST_CHECKPOINT, STATUS_FILE
-from gantool.core.errors import InputError, ProcessLostError, TrainingError
+from gantool.core.constants import CHECKPOINTS_DIR, DEFAULT_COLLECTIVE_TIMEOUT_S, LAST_CHECKPOINT, STATUS_FILE
+from gantool.core.errors import InputError, ProcessLostError, TrainingError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +57,14 @@ LAUNCHER_ENV = "GANTOOL_NPROC_LAUNCHER"
 MONITOR_INTERVAL_S = 0.2
 
 
-def check_launch(options: Mapping[str, Any], resume: str | None, nproc: int, allow_data_change: bool) -> Path | None:
-    """Everything a worker would refuse, checked once here (writes nothing, starts nothing).
+@dataclass(frozen=True)
+class LaunchPlan:
+    run_dir: Path | None  # the run folder the workers will use; None: a new runs/<timestamp> (rank 0 names it)
+    collective_timeout: float = DEFAULT_COLLECTIVE_TIMEOUT_S  # the run's --collective-timeout
 
-    Returns the run folder the workers will use, or None for a new ``runs/<timestamp>``
-    (rank 0 names it)."""
+
+def check_launch(options: Mapping[str, Any], resume: str | None, nproc: int, allow_data_change: bool) -> LaunchPlan:
+    """Everything a worker would refuse, checked once here (writes nothing, starts nothing)."""
     from gantool.training.build import resolve_device
     from gantool.training.data import check_data_unchanged, data_fingerprint, open_source
     from gantool.training.distributed import sync_batchnorm_supported
@@ -75,13 +90,16 @@ def check_launch(options: Mapping[str, Any], resume: str | None, nproc: int, all
     source = open_source(cfg.data, cfg.seed)
     if state is not None:
         check_data_unchanged(state.get("data"), data_fingerprint(source, cfg.data), allow_data_change)
-    return plan.folder.resolve() if plan.folder is not None else None
+    return LaunchPlan(plan.folder.resolve() if plan.folder is not None else None, cfg.collective_timeout)
 
 
-def _children() -> list[int]:
-    """The pids of this process's children (the workers), from /proc (Linux)."""
-    me, found = os.getpid(), []
-    for entry in Path("/proc").iterdir():
+def _children_states() -> dict[int, str]:
+    """pid -> state letter (R, S, T: stopped, Z: ended, ...) of this process's children, from /proc (Linux)."""
+    me, found = os.getpid(), dict[int, str]()
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return found
+    for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
         try:
@@ -89,8 +107,75 @@ def _children() -> list[int]:
         except (OSError, IndexError):
             continue
         if int(fields[1]) == me:
-            found.append(int(entry.name))
+            found[int(entry.name)] = fields[0]
     return found
+
+
+def _children() -> list[int]:
+    """The pids of this process's children (the workers), from /proc (Linux)."""
+    return list(_children_states())
+
+
+def _rank_of(pid: int) -> int | None:
+    """The RANK in a process's environment (None: not a worker, or not yet exec'd)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    value = next((v[5:] for v in environ if v.startswith(b"RANK=")), None)
+    return int(value) if value is not None and value.isdigit() else None
+
+
+class _WorkerWatch:
+    """The launcher's own look at its workers while the agent runs them (Linux /proc, every ``interval`` s).
+
+    Once a worker has ended, every other one that is stopped (SIGSTOP, Ctrl-Z of its
+    terminal, a debugger) is resumed with SIGCONT: a stopped process holds the agent's
+    SIGTERM pending and would be killed only at the agent's 30 s SIGKILL. ``stopped``
+    keeps the ranks (and pids) found stopped at that moment: the ones that stopped answering.
+    """
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.ranks: dict[int, int] = {}  # pid -> rank
+        self.stopped: dict[int, int] = {}  # rank -> pid
+        self.ended = False
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="gantool-worker-watch", daemon=True)
+
+    def __enter__(self) -> _WorkerWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)
+        self.poll()  # a worker stopped after the last look is not left stopped
+
+    def _watch(self) -> None:
+        while not self._done.wait(self.interval):
+            self.poll()
+
+    def poll(self) -> None:
+        states = _children_states()
+        for pid in states:
+            if pid not in self.ranks and (rank := _rank_of(pid)) is not None:
+                self.ranks[pid] = rank
+        if not any(states.get(pid, "Z") == "Z" for pid in self.ranks):
+            return  # none has ended (or none has started)
+        live = {pid: state for pid, state in states.items() if pid in self.ranks and state != "Z"}
+        if not self.ended:
+            self.ended = True
+            self.stopped = {self.ranks[pid]: pid for pid, state in live.items() if state in "Tt"}
+        for pid, state in live.items():
+            if state in "Tt":
+                try:  # its process group: DataLoader workers too (a worker leads its own session)
+                    os.killpg(pid, signal.SIGCONT)
+                except OSError:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGCONT)
 
 
 @contextlib.contextmanager
@@ -112,11 +197,15 @@ def _forward_sigusr1() -> Iterator[None]:
         signal.signal(sig, previous)
 
 
-def launch(nproc: int, argv: list[str], run_dir: Path | None = None) -> int:
+def launch(
+    nproc: int, argv: list[str], run_dir: Path | None = None, collective_timeout: float = DEFAULT_COLLECTIVE_TIMEOUT_S
+) -> int:
     """Run ``gantool train ARGV`` in ``nproc`` processes; returns the exit code (0, 130, 143).
 
-    A worker that fails is a one-line TrainingError naming its rank and the last
-    complete checkpoint of ``run_dir`` (None: the ``runs/<timestamp>`` rank 0 made).
+    A worker that fails is a one-line TrainingError naming its rank (or the one that
+    stopped answering, which the others waited ``collective_timeout`` s for) and the
+    last complete checkpoint of ``run_dir`` (None: the ``runs/<timestamp>`` rank 0
+    made); the run's status.json then says failed, with that line.
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -144,27 +233,22 @@ def launch(nproc: int, argv: list[str], run_dir: Path | None = None) -> int:
     for logger in noisy:
         logger.setLevel(logging.CRITICAL)
     os.environ[LAUNCHER_ENV] = "1"
+    watch = _WorkerWatch(MONITOR_INTERVAL_S)
     try:
-        with _forward_sigusr1():
+        with _forward_sigusr1(), watch:
             elastic_launch(config, sys.executable)("-m", "gantool", "train", *argv)
     except SignalException as e:
         return 128 + int(e.sigval)
     except ChildFailedError as e:
-        rank, failure = first_failure(e.failures)
+        rank, failure = first_failure(e.failures, watch.stopped)
         if failure.exitcode in (130, 143):  # a worker stopped by a signal sent to it alone
             return failure.exitcode
-        if failure.exitcode == ProcessLostError.exit_code:
-            # No process ended first: one hung (gloo's timeout) or the network failed.
-            how = f"lost contact with the others before any had ended (its cause is in the run's {STATUS_FILE})"
-        elif failure.exitcode < 0:
-            how = f"ended with signal {failure.signal_name()}"
-        else:
-            how = f"ended with exit code {failure.exitcode}"
         folder = run_dir or _run_of_pids({f.pid for f in e.failures.values()})
-        raise TrainingError(
-            f"process {rank} of {nproc} {how} (pid {failure.pid}); the others were stopped. "
-            + last_checkpoint_line(folder, nproc)
-        ) from None
+        line = failure_line(rank, failure, e.failures, nproc, watch, collective_timeout)
+        line += " " + last_checkpoint_line(folder, nproc)
+        if folder is not None:
+            _record_failure(folder, line)
+        raise TrainingError(line) from None
     finally:
         os.environ.pop(LAUNCHER_ENV, None)
         for logger, level in zip(noisy, levels):
@@ -172,21 +256,58 @@ def launch(nproc: int, argv: list[str], run_dir: Path | None = None) -> int:
     return 0
 
 
-def first_failure(failures: Mapping[int, Any]) -> tuple[int, Any]:
+def failure_line(
+    rank: int, failure: Any, failures: Mapping[int, Any], nproc: int, watch: _WorkerWatch, timeout: float
+) -> str:
+    """What happened, for the first failure (``rank``, its ``ProcessFailure``): the start of the one line."""
+    if failure.exitcode != ProcessLostError.exit_code:
+        how = f"signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
+        return f"process {rank} of {nproc} ended with {how} (pid {failure.pid}); the others were stopped."
+    # No process ended before it: it waited `timeout` s in a collective for one that stopped answering.
+    waited = f"process {rank} (pid {failure.pid}) waited --collective-timeout {timeout:g} s for it"
+    silent = dict(watch.stopped)
+    if not silent and nproc == 2:  # the only other one
+        known = {r: p for p, r in watch.ranks.items()} | {r: f.pid for r, f in failures.items()}
+        if 1 - rank in known:
+            silent = {1 - rank: known[1 - rank]}
+    if not silent:
+        return f"a process of {nproc} stopped answering: {waited}; the others were stopped."
+    ranks = ", ".join(str(r) for r in sorted(silent))
+    pids = ", ".join(str(silent[r]) for r in sorted(silent))
+    how = ", found stopped by SIGSTOP, Ctrl-Z or a debugger" if watch.stopped else ""
+    many = "es" if len(silent) > 1 else ""
+    return (
+        f"process{many} {ranks} of {nproc} stopped answering (pid{'s' if many else ''} {pids}{how}): "
+        f"{waited}; the others were stopped."
+    )
+
+
+def _record_failure(folder: Path, line: str) -> None:
+    """status.json says failed, with ``line``: a killed rank 0 left it saying running."""
+    from gantool.training.tracking import mark_failed
+
+    try:
+        mark_failed(folder, line)
+    except (InputError, OSError) as e:  # a full disk: the line itself still reaches the user
+        log.warning("could not record the failure in %s: %s", folder / STATUS_FILE, first_line(e))
+
+
+def first_failure(failures: Mapping[int, Any], stopped: Collection[int] = ()) -> tuple[int, Any]:
     """The rank that failed first, and its ``ProcessFailure``.
 
     torch's ``ChildFailedError.get_first_failure`` orders by the failures' timestamps,
     which are whole seconds: a survivor the agent stopped (or that saw the dead one's
     sockets close) within the same second wins that tie when its rank is lower. So
     among the earliest, a process that ended by itself comes before one that ended
-    because the other did (lost contact, or the agent's SIGTERM).
+    because the other did (lost contact, or the agent's SIGTERM). A rank in ``stopped``
+    (found stopped when the first one ended, then resumed and ended) never comes first.
     """
     secondary = {ProcessLostError.exit_code, 128 + signal.SIGTERM, -signal.SIGTERM}
 
     def order(rank: int) -> tuple[int, bool, int]:
         return failures[rank].timestamp, failures[rank].exitcode in secondary, rank
 
-    rank = min(failures, key=order)
+    rank = min([r for r in failures if r not in stopped] or failures, key=order)
     return rank, failures[rank]
 
 

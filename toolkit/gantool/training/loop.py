@@ -226,7 +226,7 @@ def _run(
     data = data_fingerprint(source, cfg.data)
     if state is not None:
         check_data_unchanged(state.get("data"), data, allow_data_change)
-    dist = setup_distributed(cfg.device)
+    dist = setup_distributed(cfg.device, cfg.collective_timeout)
     release, made = None, False
     existed = plan.folder is not None and plan.folder.exists()  # an empty --out the user made is kept
     try:
@@ -369,6 +369,7 @@ def _train(
     setup_error = dist.broadcast_object(setup_error)  # all ranks stop, not rank 0 alone
     if setup_error:
         raise InputError(setup_error)
+    dist.start_steps()  # a process that stops answering from here on ends the run within the timeout
 
     autocast = autocast_for(device, amp)
     memory_format = torch.channels_last if use_channels_last(cfg, device) else torch.contiguous_format
@@ -381,6 +382,26 @@ def _train(
 
     def checkpoint(at_step: int) -> Path:
         path = run_dir / CHECKPOINTS_DIR / LAST_CHECKPOINT
+        before = _file_id(path)
+        try:
+            _save(path, at_step)
+        except AbortNow:
+            if _file_id(path) not in (None, before):  # cut short after the rename: the new file is whole, and last
+                result.last_checkpoint, result.checkpoint_step = path, at_step
+                tracker.checkpoint_step = at_step  # the tracker's "stopped" record names it
+            raise
+        if cfg.keep_checkpoints:
+            keep = path.with_name(f"step_{at_step}.pt")
+            keep.unlink(missing_ok=True)
+            try:
+                os.link(path, keep)  # same bytes, no second write; last.pt is later replaced by rename
+            except OSError:
+                atomic_save(keep, lambda tmp: tmp.write_bytes(path.read_bytes()))
+        result.last_checkpoint, result.checkpoint_step = path, at_step
+        tracker.checkpointed(at_step)
+        return path
+
+    def _save(path: Path, at_step: int) -> None:
         save_checkpoint(
             path,
             {
@@ -397,16 +418,6 @@ def _train(
                 "metrics": result.history[-1] if result.history else {},
             },
         )
-        if cfg.keep_checkpoints:
-            keep = path.with_name(f"step_{at_step}.pt")
-            keep.unlink(missing_ok=True)
-            try:
-                os.link(path, keep)  # same bytes, no second write; last.pt is later replaced by rename
-            except OSError:
-                atomic_save(keep, lambda tmp: tmp.write_bytes(path.read_bytes()))
-        result.last_checkpoint, result.checkpoint_step = path, at_step
-        tracker.checkpointed(at_step)
-        return path
 
     bar = _progress_bar(progress and dist.is_main, step, end)
     nets.run_generator.train()
@@ -493,6 +504,15 @@ def _train(
     dist.barrier()  # the others wait until rank 0's last checkpoint is on disk
     result.step, result.phase = step, phase_at(max(step - 1, 0), cfg)
     result.stop_signal = stop.signum if result.interrupted else None
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of ``path``: an atomic write's rename puts a new inode in place."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 @torch.no_grad()

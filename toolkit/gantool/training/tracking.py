@@ -61,6 +61,7 @@ RUNNING, FINISHED, STOPPED, FAILED = "running", "finished", "stopped", "failed"
 STATES = (RUNNING, FINISHED, STOPPED, FAILED)
 # Short reasons beside STOPPED / FAILED (the full message goes to "message").
 BY_SIGNAL, EARLY_STOP, NON_FINITE, ERROR = "signal", "early stop", "non-finite", "error"
+PROCESS_LOST = "process lost"  # --nproc-per-node: a worker died or stopped answering (the launcher's record)
 
 
 def summary_writer_class() -> Any:
@@ -106,6 +107,37 @@ def write_status(
         # `gantool runs` reports as broken rather than as a stale "running").
         if not _overwrite_in_place(run_dir / STATUS_FILE, text):
             raise
+
+
+def mark_failed(run_dir: Path, message: str, reason: str = PROCESS_LOST) -> bool:
+    """Record in the run's status.json that it failed, keeping its step, phase and checkpoint.
+
+    The ``--nproc-per-node`` launcher calls this after a worker failed: rank 0, which
+    keeps the record, may have been killed (kill -9) while it said "running". Returns
+    False (and writes nothing) when there is no readable record: the run had not started.
+    """
+    try:
+        record = json.loads((run_dir / STATUS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(record, dict):
+        return False
+
+    def number(key: str) -> int | None:
+        value = record.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    write_status(
+        run_dir,
+        FAILED,
+        number("step") or 0,
+        number("total_steps") or 0,
+        str(record.get("phase") or ""),
+        number("checkpoint_step"),
+        reason,
+        message,
+    )
+    return True
 
 
 def _overwrite_in_place(path: Path, text: str) -> bool:
