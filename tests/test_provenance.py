@@ -21,7 +21,9 @@ import torch
 from click.testing import CliRunner
 from onnx import TensorProto, helper
 
+from conftest import random_generator, write_checkpoint
 from gantool.cli import cli
+from gantool.core.config import ModelConfig
 from gantool.core.errors import ModelError
 from gantool.export.exporter import export_generator
 from gantool.export.provenance import (
@@ -375,3 +377,60 @@ def test_scanner_reads_a_compiled_librarys_strings_but_not_its_weight_section(tm
     dirty = library("dirty", 'const char *where(void) { return "/home/alice/build/model.cpp"; }\n')
     traces = find_machine_traces(dirty)
     assert len(traces) == 1 and "model.wrapper.so: absolute path" in traces[0], traces
+
+
+# ------------------------------------------------- full-width exports: real weights, several seeds
+
+FULL_WIDTH = ModelConfig(width=64, disc_width=8, disc_fc=64, size=64, local_size=32)  # GLCIC's generator width
+PT2_SEEDS = (1, 2, 3)
+
+
+def _payloads(archive: zipfile.ZipFile) -> list[zipfile.ZipInfo]:
+    """The tensor payload entries of a .pt2 (named here independently of the scanner's own pattern)."""
+    return [
+        info for info in archive.infolist()
+        if ("/data/weights/" in info.filename or "/data/constants/" in info.filename)
+        and not info.filename.endswith(".json")
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_full_width_pt2_exports_of_several_seeds_scan_clean_and_a_planted_path_is_found(tmp_path):
+    """#20: the scanner read raw float32 weights as text, and a Windows-path pattern matched random
+    bytes about once per few MB, so full-width exports failed at random. Three seeds of real-size
+    weights: the export (which scans its files) succeeds, every file scans clean, and read as text
+    the payloads would have matched (so this test fails on the old scanner); a path planted in a
+    text entry of the same archive is still found."""
+    from gantool.export.provenance import _scan_text
+
+    would_match, payload_bytes, payload_entries = 0, 0, 0
+    for seed in PT2_SEEDS:
+        run = tmp_path / f"seed-{seed}"
+        checkpoint = write_checkpoint(run / "checkpoints" / "last.pt", random_generator(FULL_WIDTH, seed))
+        result = export_generator(checkpoint, run / "export", formats=["pt2"], verify=False)
+        for path in result.out_dir.iterdir():
+            assert find_machine_traces(path) == [], (seed, path.name)
+        with zipfile.ZipFile(result.out_dir / "generator.pt2") as archive:
+            payloads = _payloads(archive)
+            for info in payloads:
+                data = archive.read(info)
+                payload_bytes += len(data)
+                would_match += _scan_text(data.decode("latin-1")) is not None
+        payload_entries += len(payloads)
+    assert payload_entries >= 3 * 30 and payload_bytes >= 3 * 2**20 * 10, (payload_entries, payload_bytes)
+    # Deterministic for these seeds (CPU init and BatchNorm folding are exact), expected ~1 per few MB.
+    assert would_match >= 1, f"no payload looks like a path when read as text ({payload_bytes} bytes)"
+
+    # A path planted in a text entry (the program's JSON) beside the same real weights is found.
+    clean = tmp_path / f"seed-{PT2_SEEDS[0]}" / "export" / "generator.pt2"
+    dirty = tmp_path / "dirty.pt2"
+    with zipfile.ZipFile(clean) as src, zipfile.ZipFile(dirty, "w") as out:
+        (program,) = [name for name in src.namelist() if name.endswith("models/model.json")]
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename == program:
+                data = data.replace(b"{", b'{"origin": "C:\\\\Users\\\\alice\\\\project\\\\train.py", ', 1)
+            out.writestr(info, data)
+    traces = find_machine_traces(dirty)
+    assert len(traces) == 1 and traces[0].startswith("archive entry models/model.json: absolute path"), traces
+    assert "alice" in traces[0]
