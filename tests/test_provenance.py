@@ -424,7 +424,8 @@ def test_full_width_pt2_exports_of_several_seeds_scan_clean_and_a_planted_path_i
                 would_match += _scan_text(data.decode("latin-1")) is not None
         payload_entries += len(payloads)
     assert payload_entries >= 3 * 30 and payload_bytes >= 3 * 2**20 * 10, (payload_entries, payload_bytes)
-    # Deterministic for these seeds (CPU init and BatchNorm folding are exact), expected ~1 per few MB.
+    # Deterministic for these seeds (CPU init and BatchNorm folding are exact): 3 of the 105 payloads
+    # (73 MB) matched the Windows-path pattern here, about one per 25 MB.
     assert would_match >= 1, f"no payload looks like a path when read as text ({payload_bytes} bytes)"
 
     # A path planted in a text entry (the program's JSON) beside the same real weights is found.
