@@ -194,35 +194,50 @@ def test_a_fifo_is_not_a_regular_file(tmp_path: Path) -> None:
 # --------------------------------------------------------------------- whole exports
 
 
+# The module's exports, each made once, when a test first asks for it (a test run alone, as the
+# mutation check does, pays only for its own): a: ONNX + fp16 + TorchScript of a.pt; b: ONNX of
+# b.pt; c: ONNX of a.pt. The checkpoints are run/checkpoints/{a,b}.pt.
+_EXPORTS = {
+    "a": ("a.pt", ("onnx", "torchscript"), True),
+    "b": ("b.pt", ("onnx",), False),
+    "c": ("a.pt", ("onnx",), False),
+}
+
+
 @dataclass(frozen=True)
 class SharedExports:
-    """Exports made once for this module; a test that changes a folder works on a copy (``copy``)."""
+    """Exports shared by this module; a test that changes a folder works on a copy (``copy``)."""
 
-    root: Path  # run/checkpoints/{a,b}.pt; a: ONNX + fp16 + TorchScript of a.pt; b: ONNX of b.pt; c: ONNX of a.pt
+    root: Path
 
-    def copy(self, tmp_path: Path) -> tuple[Path, Path]:
-        """Fresh copies of the run (its checkpoints) and of exports a and b under ``tmp_path``."""
-        for name in ("run", "a", "b"):
-            shutil.copytree(self.root / name, tmp_path / name)
-        return tmp_path / "a", tmp_path / "b"
+    def get(self, name: str) -> Path:
+        """Export ``name`` (made now if no test made it yet); read it, do not change it."""
+        if not (self.root / name).is_dir():
+            checkpoint, formats, fp16 = _EXPORTS[name]
+            export_generator(self.root / "run" / "checkpoints" / checkpoint, self.root / name, formats=formats,
+                             fp16=fp16, verify=False)  # fmt: skip
+        return self.root / name
+
+    def copy(self, tmp_path: Path, *names: str) -> list[Path]:
+        """Fresh copies of the run (its checkpoints) and of the exports ``names`` under ``tmp_path``."""
+        shutil.copytree(self.root / "run", tmp_path / "run")
+        for name in names:
+            shutil.copytree(self.get(name), tmp_path / name)
+        return [tmp_path / name for name in names]
 
 
 @pytest.fixture(scope="module")
 def shared_exports(tmp_path_factory: pytest.TempPathFactory) -> SharedExports:
-    """Export A (ONNX, fp16 and TorchScript), export B (ONNX) of another checkpoint, and export C
-    (ONNX) of A's checkpoint: each export costs seconds, and most tests here only need one to exist."""
+    """The checkpoints a.pt and b.pt of two briefly trained generators; their exports on demand."""
     root = tmp_path_factory.mktemp("shared_exports")
     run = root / "run"
-    first = write_checkpoint(run / "checkpoints" / "a.pt", briefly_trained_generator(TINY_CONFIG, seed=1, steps=1))
-    second = write_checkpoint(run / "checkpoints" / "b.pt", briefly_trained_generator(TINY_CONFIG, seed=2, steps=1))
-    export_generator(first, root / "a", formats=("onnx", "torchscript"), fp16=True, verify=False)
-    export_generator(second, root / "b", formats=("onnx",), verify=False)
-    export_generator(first, root / "c", formats=("onnx",), verify=False)
+    write_checkpoint(run / "checkpoints" / "a.pt", briefly_trained_generator(TINY_CONFIG, seed=1, steps=1))
+    write_checkpoint(run / "checkpoints" / "b.pt", briefly_trained_generator(TINY_CONFIG, seed=2, steps=1))
     return SharedExports(root)
 
 
 def test_re_export_removes_the_older_exports_files(shared_exports: SharedExports, tmp_path: Path) -> None:
-    out, _ = shared_exports.copy(tmp_path)  # export A: ONNX, fp16 and TorchScript
+    (out,) = shared_exports.copy(tmp_path, "a")  # export A: ONNX, fp16 and TorchScript
     assert {"generator_fp16.onnx", "generator.torchscript.pt"} <= {p.name for p in out.iterdir()}
     second = tmp_path / "run" / "checkpoints" / "b.pt"
     with pytest.raises(InputError, match="refusing to overwrite"):
@@ -235,8 +250,8 @@ def test_re_export_removes_the_older_exports_files(shared_exports: SharedExports
 
 def test_a_folder_that_mixes_exports_is_refused_naming_the_files(shared_exports: SharedExports, tmp_path: Path) -> None:
     mixed = tmp_path / "mixed"
-    shutil.copytree(shared_exports.root / "b", mixed)
-    shutil.copy(shared_exports.root / "a" / "generator.torchscript.pt", mixed)
+    shutil.copytree(shared_exports.get("b"), mixed)
+    shutil.copy(shared_exports.get("a") / "generator.torchscript.pt", mixed)
     with pytest.raises(
         ModelError, match=r"mixes files of different exports.*generator\.onnx.*generator\.torchscript\.pt"
     ):
@@ -293,7 +308,7 @@ def test_torch_is_not_needed_to_inspect_an_onnx_folder(exported_model: ExportedM
 def test_every_file_of_an_export_carries_one_export_id_and_a_re_export_the_same(
     shared_exports: SharedExports, tmp_path: Path
 ) -> None:
-    first = shared_exports.root / "a"  # ONNX, fp16 and TorchScript of a.pt
+    first = shared_exports.get("a")  # ONNX, fp16 and TorchScript of a.pt
     checkpoint = shared_exports.root / "run" / "checkpoints" / "a.pt"
     again = export_generator(checkpoint, tmp_path / "y", formats=("onnx", "torchscript"), fp16=True, verify=False)
     files = [p for p in first.iterdir() if p.suffix != ".json"]
@@ -302,14 +317,14 @@ def test_every_file_of_an_export_carries_one_export_id_and_a_re_export_the_same(
     report = json.loads((first / "export_report.json").read_text())["metadata"][META_EXPORT_ID]
     assert len(ids) == 1 and ids == {report} and len(report) == 32
     assert again.metadata[META_EXPORT_ID] == report  # deterministic: equal exports, equal files
-    other = read_model_metadata(shared_exports.root / "c" / "generator.onnx")  # ONNX only, of a.pt
+    other = read_model_metadata(shared_exports.get("c") / "generator.onnx")  # ONNX only, of a.pt
     assert other[META_EXPORT_ID] != report  # same weights, another export
 
 
 def test_a_foreign_model_file_without_metadata_in_an_export_folder_is_refused_naming_it(
     shared_exports: SharedExports, tmp_path: Path
 ) -> None:
-    a, b = shared_exports.copy(tmp_path)
+    a, b = shared_exports.copy(tmp_path, "a", "b")
     foreign = onnx.load(str(b / "generator.onnx"))
     del foreign.metadata_props[:]  # model B with its metadata removed
     onnx.save(foreign, str(a / "generator.onnx"))
@@ -321,14 +336,14 @@ def test_a_foreign_model_file_without_metadata_in_an_export_folder_is_refused_na
 
 
 def test_a_file_of_another_export_of_the_same_weights_is_refused(shared_exports: SharedExports, tmp_path: Path) -> None:
-    shutil.copytree(shared_exports.root / "c", tmp_path / "x")  # ONNX of a.pt
-    shutil.copy(shared_exports.root / "a" / "generator.torchscript.pt", tmp_path / "x")  # the weights hashes agree
+    shutil.copytree(shared_exports.get("c"), tmp_path / "x")  # ONNX of a.pt
+    shutil.copy(shared_exports.get("a") / "generator.torchscript.pt", tmp_path / "x")  # the weights hashes agree
     with pytest.raises(ModelError, match=r"mixes files of different exports \(export ids differ"):
         Inpainter(tmp_path / "x", provider="cpu", backend="torchscript")
 
 
 def test_overwrite_never_deletes_a_file_gantool_did_not_write(shared_exports: SharedExports, tmp_path: Path) -> None:
-    a, _ = shared_exports.copy(tmp_path)
+    (a,) = shared_exports.copy(tmp_path, "a")
     stranger = a / "generator.pt2"
     stranger.write_bytes(os.urandom(4096))  # random bytes under a name from the export table
     before = {p.name: p.read_bytes() for p in a.iterdir()}
@@ -350,7 +365,7 @@ def test_a_killed_export_is_completed_by_the_next_reader(shared_exports: SharedE
 
     from gantool.core.fileio import JOURNAL_NAME, KILL_AT_ENV
 
-    a, _ = shared_exports.copy(tmp_path)
+    (a,) = shared_exports.copy(tmp_path, "a")
     checkpoint = tmp_path / "run" / "checkpoints" / "b.pt"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "toolkit"), KILL_AT_ENV: "install"}
     command = [sys.executable, "-m", "gantool", "export", str(checkpoint), "-o", str(a), "--onnx", "--no-verify",
