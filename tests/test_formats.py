@@ -75,12 +75,13 @@ def stand_in_aoti_package(pt2: Path, target: Path, **changes: str) -> Path:
 
 
 @pytest.fixture(params=["stand-in", pytest.param("compiled", marks=pytest.mark.slow)])
-def aoti_package(request, modern_export, tmp_path) -> Path:
-    """An AOTInductor package of the session's checkpoint: the stand-in (fast) or the compiled one (slow)."""
+def aoti_package(request, tmp_path) -> Path:
+    """An AOTInductor package of the session's checkpoint: the stand-in (fast) or the compiled one (slow).
+    Each asks only for its own export, so the slow tier does not build the fast tier's."""
     if request.param == "compiled":
         return request.getfixturevalue("aoti_export").out_dir / "generator.aoti.pt2"
     folder = tmp_path / "stand_in"
-    shutil.copytree(modern_export.out_dir, folder)
+    shutil.copytree(request.getfixturevalue("modern_export").out_dir, folder)
     return stand_in_aoti_package(folder / "generator.pt2", folder / "generator.aoti.pt2")
 
 
