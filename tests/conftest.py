@@ -82,9 +82,19 @@ def subprocess_env() -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def modern_export(checkpoint_factory: Callable[..., Path]):
-    """One verified export of a tiny trained generator to every format of today (ONNX fp32 + int8,
-    generator.pt2, and generator.aoti.pt2 compiled for the CPU), made once per test session:
-    the AOTInductor compile alone takes about a minute on 2 cores."""
+    """One verified export of a tiny trained generator to the formats of today but AOTInductor
+    (ONNX fp32 + int8, generator.pt2), made once per test session."""
+    from gantool.export.exporter import export_generator  # delayed: the session may not need it
+
+    checkpoint = checkpoint_factory("trained", seed=11, step=5, phase="joint")
+    return export_generator(checkpoint, checkpoint.parent.parent / "export", formats=["onnx", "pt2"], int8=True)
+
+
+@pytest.fixture(scope="session")
+def aoti_export(checkpoint_factory: Callable[..., Path]):
+    """The same checkpoint verified in every format of today, generator.aoti.pt2 compiled for the CPU
+    among them, made once per session. Only slow tests use it: the AOTInductor compile alone takes
+    about a minute on 2 cores (the fast tier checks what it can on a stand-in package)."""
     from gantool.export.exporter import export_generator  # delayed: the session may not need it
 
     checkpoint = checkpoint_factory("trained", seed=11, step=5, phase="joint")

@@ -301,11 +301,14 @@ def test_aoti_package_with_a_nan_weight_is_refused_at_load(source: Source, photo
     _assert_one_line(inpaint(photo, model, case, tmp_path / "out"), "non-finite weights", model.name)
 
 
-def test_a_nan_input_pixel_is_refused_by_the_aoti_backend_as_its_output(modern_export: Any) -> None:
-    """The run-time check on AOTInductor, through a NaN known pixel (a package whose weights overflow
-    does not show it: inductor's ReLU, like OpenVINO's, turns NaN into 0). ``modern_export`` is the
-    session's AOTInductor package, shared with test_formats.py and test_openvino.py."""
-    backend = load_backend(modern_export.paths["aoti"], "cpu", "aoti")
+@pytest.mark.parametrize("name", ["pt2", pytest.param("aoti", marks=pytest.mark.slow)])
+def test_a_nan_input_pixel_is_refused_by_the_aoti_backend_as_its_output(request: Any, name: str) -> None:
+    """The run-time check on AOTInductor (and torch.export, the same check in the fast tier), through a
+    NaN known pixel (a package whose weights overflow does not show it: inductor's ReLU, like
+    OpenVINO's, turns NaN into 0). The session's exports (conftest.py), shared with test_formats.py:
+    ``aoti_export`` compiles for about a minute, so its case is in the slow tier."""
+    export = request.getfixturevalue("aoti_export" if name == "aoti" else "modern_export")
+    backend = load_backend(export.paths[name], "cpu", name)
     image = np.full((1, 3, 8, 8), 0.5, np.float32)
     mask = np.zeros((1, 1, 8, 8), np.float32)
     mask[..., 2:6, 2:6] = 1.0
@@ -313,4 +316,4 @@ def test_a_nan_input_pixel_is_refused_by_the_aoti_backend_as_its_output(modern_e
     image[0, 1, 0, 0] = np.nan
     with pytest.raises(NonFiniteError, match=r"the model produced NaN/Inf: \d+ of 192 output values") as caught:
         backend.run(image, mask)
-    assert "\n" not in str(caught.value) and "generator.aoti.pt2, aoti on cpu" in str(caught.value)
+    assert "\n" not in str(caught.value) and f"{export.paths[name].name}, {name} on cpu" in str(caught.value)

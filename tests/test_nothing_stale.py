@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -193,12 +194,52 @@ def test_a_fifo_is_not_a_regular_file(tmp_path: Path) -> None:
 # --------------------------------------------------------------------- whole exports
 
 
-def test_re_export_removes_the_older_exports_files(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    first = write_checkpoint(run / "checkpoints" / "a.pt", briefly_trained_generator(TINY_CONFIG, seed=1, steps=1))
-    second = write_checkpoint(run / "checkpoints" / "b.pt", briefly_trained_generator(TINY_CONFIG, seed=2, steps=1))
-    out = tmp_path / "export"
-    export_generator(first, out, formats=("onnx", "torchscript"), fp16=True, verify=False)
+# The module's exports, each made once, when a test first asks for it (a test run alone, as the
+# mutation check does, pays only for its own): a: ONNX + fp16 + TorchScript of a.pt; b: ONNX of
+# b.pt; c: ONNX of a.pt. The checkpoints are run/checkpoints/{a,b}.pt.
+_EXPORTS = {
+    "a": ("a.pt", ("onnx", "torchscript"), True),
+    "b": ("b.pt", ("onnx",), False),
+    "c": ("a.pt", ("onnx",), False),
+}
+
+
+@dataclass(frozen=True)
+class SharedExports:
+    """Exports shared by this module; a test that changes a folder works on a copy (``copy``)."""
+
+    root: Path
+
+    def get(self, name: str) -> Path:
+        """Export ``name`` (made now if no test made it yet); read it, do not change it."""
+        if not (self.root / name).is_dir():
+            checkpoint, formats, fp16 = _EXPORTS[name]
+            export_generator(self.root / "run" / "checkpoints" / checkpoint, self.root / name, formats=formats,
+                             fp16=fp16, verify=False)  # fmt: skip
+        return self.root / name
+
+    def copy(self, tmp_path: Path, *names: str) -> list[Path]:
+        """Fresh copies of the run (its checkpoints) and of the exports ``names`` under ``tmp_path``."""
+        shutil.copytree(self.root / "run", tmp_path / "run")
+        for name in names:
+            shutil.copytree(self.get(name), tmp_path / name)
+        return [tmp_path / name for name in names]
+
+
+@pytest.fixture(scope="module")
+def shared_exports(tmp_path_factory: pytest.TempPathFactory) -> SharedExports:
+    """The checkpoints a.pt and b.pt of two briefly trained generators; their exports on demand."""
+    root = tmp_path_factory.mktemp("shared_exports")
+    run = root / "run"
+    write_checkpoint(run / "checkpoints" / "a.pt", briefly_trained_generator(TINY_CONFIG, seed=1, steps=1))
+    write_checkpoint(run / "checkpoints" / "b.pt", briefly_trained_generator(TINY_CONFIG, seed=2, steps=1))
+    return SharedExports(root)
+
+
+def test_re_export_removes_the_older_exports_files(shared_exports: SharedExports, tmp_path: Path) -> None:
+    (out,) = shared_exports.copy(tmp_path, "a")  # export A: ONNX, fp16 and TorchScript
+    assert {"generator_fp16.onnx", "generator.torchscript.pt"} <= {p.name for p in out.iterdir()}
+    second = tmp_path / "run" / "checkpoints" / "b.pt"
     with pytest.raises(InputError, match="refusing to overwrite"):
         export_generator(second, out, formats=("onnx",), verify=False)
     export_generator(second, out, formats=("onnx",), verify=False, overwrite=True)
@@ -207,15 +248,10 @@ def test_re_export_removes_the_older_exports_files(tmp_path: Path) -> None:
     assert len(hashes) == 1
 
 
-def test_a_folder_that_mixes_exports_is_refused_naming_the_files(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    first = write_checkpoint(run / "checkpoints" / "a.pt", briefly_trained_generator(TINY_CONFIG, seed=1, steps=1))
-    second = write_checkpoint(run / "checkpoints" / "b.pt", briefly_trained_generator(TINY_CONFIG, seed=2, steps=1))
-    export_generator(first, tmp_path / "a", formats=("onnx", "torchscript"), verify=False)
-    export_generator(second, tmp_path / "b", formats=("onnx",), verify=False)
+def test_a_folder_that_mixes_exports_is_refused_naming_the_files(shared_exports: SharedExports, tmp_path: Path) -> None:
     mixed = tmp_path / "mixed"
-    shutil.copytree(tmp_path / "b", mixed)
-    shutil.copy(tmp_path / "a" / "generator.torchscript.pt", mixed)
+    shutil.copytree(shared_exports.get("b"), mixed)
+    shutil.copy(shared_exports.get("a") / "generator.torchscript.pt", mixed)
     with pytest.raises(
         ModelError, match=r"mixes files of different exports.*generator\.onnx.*generator\.torchscript\.pt"
     ):
@@ -269,30 +305,26 @@ def test_torch_is_not_needed_to_inspect_an_onnx_folder(exported_model: ExportedM
 # ------------------------------------------------------- one model per folder (issue #23)
 
 
-def _two_exports(tmp_path: Path) -> tuple[Path, Path]:
-    """Export A (ONNX + TorchScript) and export B (ONNX) of two different checkpoints."""
-    run = tmp_path / "run"
-    first = write_checkpoint(run / "checkpoints" / "a.pt", briefly_trained_generator(TINY_CONFIG, seed=1, steps=1))
-    second = write_checkpoint(run / "checkpoints" / "b.pt", briefly_trained_generator(TINY_CONFIG, seed=2, steps=1))
-    export_generator(first, tmp_path / "a", formats=("onnx", "torchscript"), verify=False)
-    export_generator(second, tmp_path / "b", formats=("onnx",), verify=False)
-    return tmp_path / "a", tmp_path / "b"
-
-
-def test_every_file_of_an_export_carries_one_export_id_and_a_re_export_the_same(tmp_path: Path) -> None:
-    checkpoint = write_checkpoint(tmp_path / "c" / "last.pt", briefly_trained_generator(TINY_CONFIG, steps=1))
-    first = export_generator(checkpoint, tmp_path / "x", formats=("onnx", "torchscript"), verify=False)
-    again = export_generator(checkpoint, tmp_path / "y", formats=("onnx", "torchscript"), verify=False)
-    other = export_generator(checkpoint, tmp_path / "z", formats=("onnx",), verify=False)
-    ids = {read_model_metadata(p)[META_EXPORT_ID] for p in first.paths.values() if p.suffix != ".json"}
-    report = json.loads(first.paths["report"].read_text())["metadata"][META_EXPORT_ID]
+def test_every_file_of_an_export_carries_one_export_id_and_a_re_export_the_same(
+    shared_exports: SharedExports, tmp_path: Path
+) -> None:
+    first = shared_exports.get("a")  # ONNX, fp16 and TorchScript of a.pt
+    checkpoint = shared_exports.root / "run" / "checkpoints" / "a.pt"
+    again = export_generator(checkpoint, tmp_path / "y", formats=("onnx", "torchscript"), fp16=True, verify=False)
+    files = [p for p in first.iterdir() if p.suffix != ".json"]
+    assert len(files) == 4  # generator.onnx, generator_fp16.onnx, generator.torchscript.pt, generator.safetensors
+    ids = {read_model_metadata(p)[META_EXPORT_ID] for p in files}
+    report = json.loads((first / "export_report.json").read_text())["metadata"][META_EXPORT_ID]
     assert len(ids) == 1 and ids == {report} and len(report) == 32
     assert again.metadata[META_EXPORT_ID] == report  # deterministic: equal exports, equal files
-    assert other.metadata[META_EXPORT_ID] != report  # same weights, another export
+    other = read_model_metadata(shared_exports.get("c") / "generator.onnx")  # ONNX only, of a.pt
+    assert other[META_EXPORT_ID] != report  # same weights, another export
 
 
-def test_a_foreign_model_file_without_metadata_in_an_export_folder_is_refused_naming_it(tmp_path: Path) -> None:
-    a, b = _two_exports(tmp_path)
+def test_a_foreign_model_file_without_metadata_in_an_export_folder_is_refused_naming_it(
+    shared_exports: SharedExports, tmp_path: Path
+) -> None:
+    a, b = shared_exports.copy(tmp_path, "a", "b")
     foreign = onnx.load(str(b / "generator.onnx"))
     del foreign.metadata_props[:]  # model B with its metadata removed
     onnx.save(foreign, str(a / "generator.onnx"))
@@ -304,17 +336,15 @@ def test_a_foreign_model_file_without_metadata_in_an_export_folder_is_refused_na
         assert result.output.count("\n") == 1 and "Traceback" not in result.output, result.output  # one line
 
 
-def test_a_file_of_another_export_of_the_same_weights_is_refused(tmp_path: Path) -> None:
-    checkpoint = write_checkpoint(tmp_path / "c" / "last.pt", briefly_trained_generator(TINY_CONFIG, steps=1))
-    export_generator(checkpoint, tmp_path / "x", formats=("onnx",), verify=False)
-    export_generator(checkpoint, tmp_path / "y", formats=("torchscript",), verify=False)
-    shutil.copy(tmp_path / "y" / "generator.torchscript.pt", tmp_path / "x")  # the weights hashes agree
+def test_a_file_of_another_export_of_the_same_weights_is_refused(shared_exports: SharedExports, tmp_path: Path) -> None:
+    shutil.copytree(shared_exports.get("c"), tmp_path / "x")  # ONNX of a.pt
+    shutil.copy(shared_exports.get("a") / "generator.torchscript.pt", tmp_path / "x")  # the weights hashes agree
     with pytest.raises(ModelError, match=r"mixes files of different exports \(export ids differ"):
         Inpainter(tmp_path / "x", provider="cpu", backend="torchscript")
 
 
-def test_overwrite_never_deletes_a_file_gantool_did_not_write(tmp_path: Path) -> None:
-    a, _ = _two_exports(tmp_path)
+def test_overwrite_never_deletes_a_file_gantool_did_not_write(shared_exports: SharedExports, tmp_path: Path) -> None:
+    (a,) = shared_exports.copy(tmp_path, "a")
     stranger = a / "generator.pt2"
     stranger.write_bytes(os.urandom(4096))  # random bytes under a name from the export table
     before = {p.name: p.read_bytes() for p in a.iterdir()}
@@ -328,7 +358,7 @@ def test_overwrite_never_deletes_a_file_gantool_did_not_write(tmp_path: Path) ->
     assert sorted(p.name for p in a.iterdir()) == ["export_report.json", "generator.onnx", "generator.safetensors"]
 
 
-def test_a_killed_export_is_completed_by_the_next_reader(tmp_path: Path) -> None:
+def test_a_killed_export_is_completed_by_the_next_reader(shared_exports: SharedExports, tmp_path: Path) -> None:
     """A real `gantool export --overwrite`, SIGKILLed after the first file of its commit went in
     (two models in the folder for a moment): the next Inpainter completes it and runs model B."""
     import subprocess
@@ -336,7 +366,7 @@ def test_a_killed_export_is_completed_by_the_next_reader(tmp_path: Path) -> None
 
     from gantool.core.fileio import JOURNAL_NAME, KILL_AT_ENV
 
-    a, _ = _two_exports(tmp_path)
+    (a,) = shared_exports.copy(tmp_path, "a")
     checkpoint = tmp_path / "run" / "checkpoints" / "b.pt"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "toolkit"), KILL_AT_ENV: "install"}
     command = [sys.executable, "-m", "gantool", "export", str(checkpoint), "-o", str(a), "--onnx", "--no-verify",
@@ -386,10 +416,13 @@ def test_non_finite_weights_are_refused_by_every_backend(
     elif backend == "onnx":
         model = _poisoned_onnx(exported_model.onnx, folder)
     else:
-        checkpoint = tmp_path / "ok.pt"
-        write_checkpoint(checkpoint, briefly_trained_generator(TINY_CONFIG, steps=1))
-        export_generator(checkpoint, tmp_path / "ok", formats=(backend,), verify=False)
-        source = tmp_path / "ok" / ("generator.pt2" if backend == "pt2" else "generator.torchscript.pt")
+        if backend == "pt2":
+            checkpoint = tmp_path / "ok.pt"
+            write_checkpoint(checkpoint, briefly_trained_generator(TINY_CONFIG, steps=1))
+            export_generator(checkpoint, tmp_path / "ok", formats=(backend,), verify=False)
+            source = tmp_path / "ok" / "generator.pt2"
+        else:
+            source = exported_model.torchscript  # the session's export: TorchScript is read, not changed
         model = folder / source.name
         if backend == "pt2":
             program = torch.export.load(str(source))

@@ -127,10 +127,13 @@ def _modern_backend(export, name: str):
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-@pytest.mark.parametrize("name", list(MODERN_GATES))
-def test_formats_of_today_match_eager_within_their_gates(modern_export, name, case):
-    backend = _modern_backend(modern_export, name)
-    reference = torch_backend(generator_from_checkpoint(load_checkpoint(modern_export.checkpoint)))
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "aoti" else n for n in MODERN_GATES]
+)  # the AOTInductor compile (about a minute) is the slow tier's; pt2 is the same program uncompiled
+def test_formats_of_today_match_eager_within_their_gates(request, name, case):
+    export = request.getfixturevalue("aoti_export" if name == "aoti" else "modern_export")
+    backend = _modern_backend(export, name)
+    reference = torch_backend(generator_from_checkpoint(load_checkpoint(export.checkpoint)))
     image, mask = case_inputs(case, TINY_CONFIG.local_size)
     result = compare(backend.run(image, mask), reference(image, mask), image, mask)
     assert "error" not in result, result

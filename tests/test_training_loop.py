@@ -219,7 +219,7 @@ def test_tiny_model_overfits_a_few_images():
     batch = tiny_batch(cfg)
     real, mask, _ = batch
     losses = []
-    for _ in range(120):
+    for _ in range(40):  # at 40 steps the loss is ~0.1 of its start here (0.15 at 30, 0.02 at 120)
         losses.append(float(train_step("g", nets, opt_g, opt_d, batch, cfg, no_autocast())["loss_rec"]))
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert last < 0.4 * first, (first, last)
