@@ -41,7 +41,7 @@ TINY_ARGS = ["--size", "32", "--local-size", "16", "--width", "4", "--disc-width
 LOSS_TAGS = {"g": {"loss_rec"}, "d": {"loss_d", "d_real", "d_fake"},
              "joint": {"loss_rec", "loss_adv", "loss_d", "d_real", "d_fake"}}
 VAL_TAGS = {"val/psnr", "val/psnr_hole", "val/ssim", "val/l1", "val/l1_hole"}
-TRAIN_TAGS = {"train/images_per_s", "train/lr_g", "train/lr_d"}
+TRAIN_TAGS = {"train/images_per_s", "train/data_wait", "train/lr_g", "train/lr_d"}
 
 
 def read_events(run_dir: Path) -> EventAccumulator:

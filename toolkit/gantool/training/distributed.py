@@ -103,9 +103,12 @@ class DistributedContext:
     def start_steps(self) -> None:
         """From here on a collective waits at most ``collective_timeout`` s (the set-up waited longer).
 
-        torch has no public setter for a group's timeout; ``_set_pg_timeout`` (torch >= 2.3) changes
-        gloo's and NCCL's. Without it the set-up's longer timeout stays in force."""
-        setter = getattr(torch_dist.distributed_c10d, "_set_pg_timeout", None)
+        ``torch.distributed.set_timeout`` (torch >= 2.14) changes gloo's and NCCL's; older torch has
+        only the private ``_set_pg_timeout`` (torch >= 2.3, deprecated in 2.14). Without either the
+        set-up's longer timeout stays in force."""
+        setter = getattr(torch_dist, "set_timeout", None) or getattr(
+            torch_dist.distributed_c10d, "_set_pg_timeout", None
+        )
         if self.enabled and setter is not None:
             setter(datetime.timedelta(seconds=self.collective_timeout))
 
