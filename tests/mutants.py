@@ -1010,6 +1010,14 @@ MUTANTS: list[Mutant] = [
         ("test_atomicity.py::test_a_signal_the_onnx_exporter_turns_into_its_own_error_still_exits_130_or_143",),
     ),
     Mutant(
+        "calib_folder_checked_after_the_export",
+        "export/exporter.py",
+        "        check_calib_folder(calib)  # before minutes of export, not after them\n",
+        "        pass\n",
+        ("test_formats.py::test_calib_and_gate_options_fail_in_one_line",),
+        why="an empty --calib folder was found only after the ONNX export, with the calibration's own message",
+    ),
+    Mutant(
         "info_never_says_imported",
         "export/exporter.py",
         "        imported = meta.get(META_TRAIN_PHASE) == IMPORTED_PHASE\n",

@@ -166,13 +166,23 @@ def test_options_of_the_new_formats():
         check_options(["pt2"], None, False, 1e-4, int8=True)
 
 
-def test_calib_and_gate_options_fail_in_one_line(checkpoint_factory, tmp_path):
+def test_calib_and_gate_options_fail_in_one_line(checkpoint_factory, tmp_path, caplog):
     checkpoint = checkpoint_factory("random")
     result = invoke("export", checkpoint, "--pt2", "--calib", tmp_path, "-o", tmp_path / "out")
     assert result.exit_code != 0 and "--calib applies only to --int8" in result.output
-    result = invoke("export", checkpoint, "--onnx", "--int8", "--calib", tmp_path / "none", "-o", tmp_path / "out")
-    assert result.exit_code != 0 and "Traceback" not in result.output
-    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    (tmp_path / "empty").mkdir()
+    # Both are refused before the export starts, naming the option (an empty folder used to be
+    # found only after the ONNX export, by the calibration's "no readable images in ...").
+    empty = ("--calib folder", "holds no image files")
+    for calib, fragment in ((tmp_path / "none", "--calib must be a folder"), (tmp_path / "empty", empty[1])):
+        result = invoke("export", checkpoint, "--onnx", "--int8", "--calib", calib, "-o", tmp_path / "out")
+        assert result.exit_code != 0 and "Traceback" not in result.output and fragment in result.output
+        assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+        assert calib.name != "empty" or empty[0] in result.output
+    caplog.set_level("INFO", logger="gantool.export.exporter")
+    with pytest.raises(InputError, match="holds no image files"):
+        export_generator(checkpoint, tmp_path / "out2", formats=["onnx"], int8=True, calib=tmp_path / "empty")
+    assert not [r for r in caplog.records if r.getMessage().startswith("exporting ")]  # no export began
 
 
 def test_int8_below_its_gate_writes_nothing_and_gives_the_figure(tmp_path):

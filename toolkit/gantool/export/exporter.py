@@ -93,7 +93,7 @@ from gantool.export.formats import (
 )
 from gantool.export.parity import ParityCase, check_prefer, failures, report_to_json
 from gantool.export.provenance import find_machine_traces, redact_paths
-from gantool.export.quantize import calibration_batch, quantize_int8
+from gantool.export.quantize import calibration_batch, check_calib_folder, quantize_int8
 from gantool.export.verify import MIN_BF16_PSNR as MIN_BF16_PSNR  # re-exported for the benchmarks
 from gantool.export.verify import MIN_FP16_PSNR as MIN_FP16_PSNR
 from gantool.export.verify import verify_exports
@@ -248,6 +248,8 @@ def export_generator(
     prefer = check_prefer(prefer, int8, verify)  # what --precision auto runs (written only if its gate passes)
     if calib is not None and not int8:
         raise InputError("--calib applies only to --int8 export")
+    if calib is not None:
+        check_calib_folder(calib)  # before minutes of export, not after them
     if not int8_min_psnr > 0:
         raise InputError(f"--int8-min-psnr must be positive, got {int8_min_psnr}")
     if aoti_device not in (None, "cpu", "cuda"):

@@ -29,10 +29,18 @@ from gantool.core.artifacts import META_CALIBRATION, META_FLOAT_NODES, META_PREC
 from gantool.core.config import ModelConfig, TrainConfig
 from gantool.core.constants import DEFAULT_INT8_MIN_PSNR
 from gantool.core.errors import InputError, ModelError, first_line
+from gantool.core.processing import IMAGE_EXTENSIONS
 from gantool.export.parity import BackendSpec, ParityCase, default_cases, onnxruntime_backend, parity_sweep
 from gantool.export.provenance import redact_paths
 from gantool.runtime.providers import open_session
-from gantool.training.data import ImageFolderSource, InpaintingDataset, SyntheticSource, open_source, validation_batch
+from gantool.training.data import (
+    ImageFolderSource,
+    InpaintingDataset,
+    SyntheticSource,
+    find_images,
+    open_source,
+    validation_batch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +67,16 @@ class Int8Result:
     report: dict[str, Any]
 
 
+def check_calib_folder(calib_dir: str | Path) -> Path:
+    """``--calib``, checked before any export work: a folder holding image files."""
+    folder = Path(calib_dir)
+    if not folder.is_dir():
+        raise InputError(f"--calib must be a folder of images, got {folder}")
+    if not find_images(folder):
+        raise InputError(f"--calib folder {folder} holds no image files ({', '.join(IMAGE_EXTENSIONS)})")
+    return folder
+
+
 def calibration_batch(
     state: dict[str, Any], config: ModelConfig, calib_dir: str | Path | None, count: int = CALIBRATION_IMAGES
 ) -> Calibration:
@@ -68,9 +86,7 @@ def calibration_batch(
     mask_kind = str(train.get("mask", TrainConfig.mask))
     size, local = config.size, config.local_size
     if calib_dir is not None:
-        folder = Path(calib_dir)
-        if not folder.is_dir():
-            raise InputError(f"--calib must be a folder of images, got {folder}")
+        folder = check_calib_folder(calib_dir)
         source = ImageFolderSource(folder)
         dataset = InpaintingDataset(source, size, local, mask_kind, None)
         items = [dataset[(i, 1_000_003 + i)] for i in range(min(count, len(source)))]
