@@ -94,9 +94,8 @@ def model_inputs(side: int) -> tuple[np.ndarray, np.ndarray]:
     return image, mask
 
 
-def rss_kept_by_a_run(model: Path, side: int, release_memory_pixels: int, precision: str = "auto") -> float:
-    """MB the process keeps after one side x side run of a fresh CPU session (its output freed)."""
-    backend = OnnxBackend(model, "cpu", precision)
+def rss_kept_by_a_run(backend, side: int, release_memory_pixels: int) -> float:
+    """MB the process keeps after one side x side run of a fresh CPU ``backend`` (its output freed)."""
     for _ in range(2):
         backend.run(*model_inputs(32))
     trim_heap()
@@ -104,10 +103,8 @@ def rss_kept_by_a_run(model: Path, side: int, release_memory_pixels: int, precis
     backend.release_memory_pixels = release_memory_pixels
     out = backend.run(*model_inputs(side))
     del out
-    trim_heap()  # what the server does after the request: this measures the ONNX Runtime arena alone
-    kept = status_mb(os.getpid(), "VmRSS") - before
-    del backend
-    return kept
+    trim_heap()  # what the server does after the request: what stays is the runtime's own arena
+    return status_mb(os.getpid(), "VmRSS") - before
 
 
 def test_a_releasing_run_gives_the_same_pixels_and_returns_the_arena(exported_model):  # noqa: F811
@@ -121,8 +118,8 @@ def test_a_releasing_run_gives_the_same_pixels_and_returns_the_arena(exported_mo
     # ONNX Runtime's arena keeps a 768 x 768 run's activations (about 96 MB for the tiny model,
     # measured) unless the run shrinks it (measured 0-1 MB kept): the bound is a quarter of what
     # is kept without releasing, measured in this process just before.
-    kept_plain = rss_kept_by_a_run(model, 768, 0)
-    kept_released = rss_kept_by_a_run(model, 768, 1)
+    kept_plain = rss_kept_by_a_run(OnnxBackend(model, "cpu", "auto"), 768, 0)
+    kept_released = rss_kept_by_a_run(OnnxBackend(model, "cpu", "auto"), 768, 1)
     assert kept_plain > 40, kept_plain  # the arena really kept something: the comparison means something
     assert kept_released < 0.25 * kept_plain, (kept_released, kept_plain)
 
@@ -164,26 +161,6 @@ def test_a_large_request_gives_its_memory_back(exported_model, subprocess_env): 
     assert after - idle < 0.25 * grown, (idle, peak, after)
 
 
-def ov_rss_kept_by_a_run(model: Path, side: int, release_memory_pixels: int) -> float:
-    """MB the process keeps after one side x side run of a fresh OpenVINO backend (its output freed)."""
-    from gantool.runtime.backends import OpenVinoBackend
-
-    backend = OpenVinoBackend(model, "cpu")
-    for _ in range(2):
-        backend.run(*model_inputs(32))
-    trim_heap()
-    before = status_mb(os.getpid(), "VmRSS")
-    backend.release_memory_pixels = release_memory_pixels
-    out = backend.run(*model_inputs(side))
-    del out
-    trim_heap()  # as after a server's request: what stays is OpenVINO's own
-    kept = status_mb(os.getpid(), "VmRSS") - before
-    del backend
-    gc.collect()
-    trim_heap()
-    return kept
-
-
 def test_a_releasing_openvino_run_gives_the_same_pixels(exported_model):  # noqa: F811
     pytest.importorskip("openvino", reason="the openvino package is not installed")
     from gantool.runtime.backends import OpenVinoBackend
@@ -200,12 +177,14 @@ def test_a_releasing_openvino_run_gives_the_same_pixels(exported_model):  # noqa
 @pytest.mark.slow
 def test_a_releasing_openvino_run_returns_its_memory(exported_model):  # noqa: F811
     pytest.importorskip("openvino", reason="the openvino package is not installed")
+    from gantool.runtime.backends import OpenVinoBackend
+
     model = exported_model.folder / "generator.onnx"
     # OpenVINO's CPU plugin keeps a large run's buffers: measured 90 MB for the tiny model at
     # 1024 px, 30 MB when the run releases them (which stays 29-32 MB over further large runs of
     # 896-1024 px, so it is not a growing cache). The bound is half of what is kept without.
-    kept_plain = ov_rss_kept_by_a_run(model, 1024, 0)
-    kept_released = ov_rss_kept_by_a_run(model, 1024, 1)
+    kept_plain = rss_kept_by_a_run(OpenVinoBackend(model, "cpu"), 1024, 0)
+    kept_released = rss_kept_by_a_run(OpenVinoBackend(model, "cpu"), 1024, 1)
     assert kept_plain > 40, kept_plain  # the plugin really kept something: the comparison means something
     assert kept_released < 0.5 * kept_plain, (kept_released, kept_plain)
 

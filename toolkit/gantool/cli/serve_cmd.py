@@ -17,8 +17,8 @@ from gantool.cli.options import (
     strategy_option,
 )
 from gantool.core.constants import (
+    DEFAULT_MAX_BLEND_PIXELS,
     DEFAULT_SERVE_HOST,
-    DEFAULT_SERVE_MAX_BLEND_PIXELS,
     DEFAULT_SERVE_MAX_HEADER_KB,
     DEFAULT_SERVE_MAX_HOLES,
     DEFAULT_SERVE_MAX_MODEL_PIXELS,
@@ -107,7 +107,7 @@ def missing_serve_packages() -> list[str]:
 @click.option(
     "--max-blend-pixels",
     type=click.IntRange(min=1),
-    default=DEFAULT_SERVE_MAX_BLEND_PIXELS,
+    default=DEFAULT_MAX_BLEND_PIXELS,
     show_default=True,
     help="Pixels the Poisson blend of one request may solve over (each hole's box plus a margin), "
     "checked before the model runs (413).",

@@ -108,8 +108,7 @@ DEFAULT_SERVE_SHUTDOWN_TIMEOUT = 5.0
 # area, about 5-10 us per pixel on a loaded 2-core machine, docs/serving.md).
 DEFAULT_SERVE_MAX_MODEL_PIXELS = 4_000_000
 DEFAULT_SERVE_MAX_HOLES = 500
-DEFAULT_MAX_BLEND_PIXELS = 4_000_000  # also gantool inpaint's --max-blend-pixels (a warning there)
-DEFAULT_SERVE_MAX_BLEND_PIXELS = DEFAULT_MAX_BLEND_PIXELS
+DEFAULT_MAX_BLEND_PIXELS = 4_000_000  # serve's --max-blend-pixels (413) and inpaint's (a warning there)
 # After a model run over at least this many pixels (N x H x W), the server hands the memory it
 # needed back to the system (ONNX Runtime's CPU arena shrunk, glibc's heap trimmed); smaller runs
 # keep it for reuse. Releasing made runs of the tiny test model about 10% slower (7-13%, 128-2000 px,

@@ -6,9 +6,9 @@ import ipaddress
 from dataclasses import dataclass, field
 
 from gantool.core.constants import (
+    DEFAULT_MAX_BLEND_PIXELS,
     DEFAULT_SERVE_BATCH_WAIT_MS,
     DEFAULT_SERVE_MAX_BATCH,
-    DEFAULT_SERVE_MAX_BLEND_PIXELS,
     DEFAULT_SERVE_MAX_HEADER_KB,
     DEFAULT_SERVE_MAX_HOLES,
     DEFAULT_SERVE_MAX_MODEL_PIXELS,
@@ -79,7 +79,7 @@ class ServeSettings:
     shutdown_timeout: float = DEFAULT_SERVE_SHUTDOWN_TIMEOUT
     max_model_pixels: int = DEFAULT_SERVE_MAX_MODEL_PIXELS
     max_holes: int = DEFAULT_SERVE_MAX_HOLES
-    max_blend_pixels: int = DEFAULT_SERVE_MAX_BLEND_PIXELS
+    max_blend_pixels: int = DEFAULT_MAX_BLEND_PIXELS
     release_memory_pixels: int = DEFAULT_SERVE_RELEASE_MEMORY_PIXELS
     allowed_hosts: tuple[str, ...] = field(default=())
 
