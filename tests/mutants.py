@@ -6,12 +6,13 @@ Not collected by pytest (the name does not start with ``test_``). Run from anywh
     python tests/mutants.py                   # every mutant
     python tests/mutants.py --only NAME ...   # some of them
     python tests/mutants.py --ci              # the bounded CI selection; exit 1 if one survives
+    python tests/mutants.py --ci --jobs 2     # two mutants at a time, each in its own copy
 
 Each mutant is one exact source edit (file, old snippet, new snippet). The script
 copies toolkit/ and tests/ to a temporary folder, first runs every selected test
 on the unmodified copy (they must pass, or a "caught" would mean nothing), then for
 each mutant applies its edit, runs its tests (``pytest -x`` with PYTHONPATH at the
-copy) and restores the file. A mutant whose old snippet is not found exactly once
+copy) and restores the file; with ``--jobs N``, N copies take mutants from one queue. A mutant whose old snippet is not found exactly once
 stops the script before anything runs: code moved, so the mutant must be updated.
 
 Exit status: 0 all caught; 1 a mutant survived (or the baseline failed); 2 the list
@@ -25,11 +26,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -521,7 +524,6 @@ MUTANTS: list[Mutant] = [
         "            if False:\n                continue",
         ("test_train_faults.py::test_a_truncated_jpeg_is_warned_about_once_and_a_held_out_one_is_not_replaced",),
     ),
-
     # ------------------------------------------------ the same input means the same thing (issue #23)
     Mutant(
         "mask_colour_by_luma",
@@ -612,7 +614,7 @@ MUTANTS: list[Mutant] = [
         "bench_error_rows_only_exit_0",
         "cli/bench_cmd.py",
         '    if not result["measured_rows"]:\n        raise click.ClickException(nothing)\n    click.echo(',
-        '    if False:\n        raise click.ClickException(nothing)\n    click.echo(',
+        "    if False:\n        raise click.ClickException(nothing)\n    click.echo(",
         ("test_bench.py::test_option_faults_are_one_line_and_only_error_rows_exit_1",),
     ),
     Mutant(
@@ -676,7 +678,9 @@ MUTANTS: list[Mutant] = [
         "            torch.jit.save(traced, buffer, _extra_files={TORCHSCRIPT_METADATA_ENTRY: json.dumps(metadata)})",
         "            torch.jit.save(traced, str(path), _extra_files={TORCHSCRIPT_METADATA_ENTRY: json.dumps(metadata)})\n"
         "            buffer.write(path.read_bytes())",
-        (f"{ATOMIC}::test_a_write_the_kernel_refuses_half_way_is_one_line_not_an_abort[--torchscript-generator.torchscript.pt]",),
+        (
+            f"{ATOMIC}::test_a_write_the_kernel_refuses_half_way_is_one_line_not_an_abort[--torchscript-generator.torchscript.pt]",
+        ),
         ci=False,
         why="a write refused half-way aborted the process (SIGABRT, exit 134, a C++ stack)",
     ),
@@ -910,7 +914,9 @@ MUTANTS: list[Mutant] = [
         "training/loop.py",
         "            if dist.enabled and is_collective_failure(e):\n                # Another process",
         "            if False:\n                # Another process",
-        ("test_train_faults.py::test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_resumes_exactly",),
+        (
+            "test_train_faults.py::test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_resumes_exactly",
+        ),
         why="the launcher's SIGTERM plus the failed collective read as a signal stop: status.json 'stopped'",
     ),
     Mutant(
@@ -918,7 +924,9 @@ MUTANTS: list[Mutant] = [
         "cli/train_cmd.py",
         "            if not os.environ.get(LAUNCHER_ENV):",
         "            if True:",
-        ("test_train_faults.py::test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_resumes_exactly",),
+        (
+            "test_train_faults.py::test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_resumes_exactly",
+        ),
         why="two error lines for one dead rank (the survivor's, then the launcher's)",
     ),
     Mutant(
@@ -926,15 +934,19 @@ MUTANTS: list[Mutant] = [
         "training/launch.py",
         "        logger.setLevel(logging.CRITICAL)",
         "        logger.setLevel(logging.ERROR)",
-        ("test_train_faults.py::test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_resumes_exactly",),
+        (
+            "test_train_faults.py::test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_resumes_exactly",
+        ),
         why="torch elastic's 'E... failed (exitcode: -9) local_rank: 1 ...' log line before ours",
     ),
     Mutant(
         "dead_rank_report_without_the_checkpoint",
         "training/launch.py",
         '        line += " " + last_checkpoint_line(folder, nproc)',
-        "        line += \" The run's last checkpoint is in its checkpoints/ folder (resume with --resume .../last.pt)\"",
-        ("test_train_faults.py::test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_resumes_exactly",),
+        '        line += " The run\'s last checkpoint is in its checkpoints/ folder (resume with --resume .../last.pt)"',
+        (
+            "test_train_faults.py::test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_resumes_exactly",
+        ),
         why="the old line: no path, no step, no working resume command",
     ),
     Mutant(
@@ -942,7 +954,9 @@ MUTANTS: list[Mutant] = [
         "training/launch.py",
         "            _record_failure(folder, line)",
         "            pass",
-        ("test_train_faults.py::test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_resumes_exactly[0]",),
+        (
+            "test_train_faults.py::test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_resumes_exactly[0]",
+        ),
         ci=False,  # two DDP runs (slow tier)
         why="kill -9 of rank 0: status.json said running after the launcher had reported the failure",
     ),
@@ -957,7 +971,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "stopped_worker_not_named",
         "training/launch.py",
-        "            self.stopped = {self.ranks[pid]: pid for pid, state in live.items() if state in \"Tt\"}",
+        '            self.stopped = {self.ranks[pid]: pid for pid, state in live.items() if state in "Tt"}',
         "            self.stopped = {}",
         ("test_train_faults.py::test_the_launcher_names_a_stopped_worker_and_resumes_it_once_another_has_ended",),
         why="the line named the rank that waited, not the one that stopped answering",
@@ -1105,7 +1119,7 @@ NOT_IN_CI = {
     "serve_holes_counted_after_the_image_is_decoded",
     "inpaint_blend_limit_not_applied",
 }
-assert NOT_IN_CI <= {m.name for m in MUTANTS}, sorted(NOT_IN_CI - {m.name for m in MUTANTS})
+assert {m.name for m in MUTANTS} >= NOT_IN_CI, sorted(NOT_IN_CI - {m.name for m in MUTANTS})
 MUTANTS = [replace(m, ci=False) if m.name in NOT_IN_CI else m for m in MUTANTS]
 
 
@@ -1159,6 +1173,9 @@ def run_pytest(
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(root / "toolkit"), str(root / "tests")])
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # edited and restored files must never meet a stale .pyc
+    # Each copy its own pytest temp root: copies run side by side under --jobs.
+    (root / "tmp").mkdir(exist_ok=True)
+    env["PYTEST_DEBUG_TEMPROOT"] = str(root / "tmp")
     # -m "": a selected test runs even when it is marked slow (addopts leaves the slow tier out).
     command = [sys.executable, "-m", "pytest", *(["-x"] if stop_at_first else []), "-q", "-rfE", "-m", "",
                "-p", "no:cacheprovider", "-p", "no:randomly", *(f"tests/{t}" for t in tests)]  # fmt: skip
@@ -1181,6 +1198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these mutants")
     parser.add_argument("--ci", action="store_true", help="the bounded CI selection")
     parser.add_argument("--no-baseline", action="store_true", help="skip the run on the unmodified copy")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N", help="run N mutants at a time (N copies)")
     args = parser.parse_args(argv)
     try:
         mutants = select(args.only, args.ci)
@@ -1197,28 +1215,54 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    {t}")
         return 0
 
+    jobs = max(1, args.jobs)
     with tempfile.TemporaryDirectory(prefix="gantool-mutants-") as tmp:
-        root = Path(tmp)
-        copy_tree(root)
+        roots = [Path(tmp) / f"copy{i}" for i in range(jobs)]
+        for root in roots:
+            copy_tree(root)
         if not args.no_baseline:
             every = list(dict.fromkeys(t for m in mutants for t in m.tests))
-            # Not -x: a red baseline names every failing test, not only the first.
-            code, summary, seconds, failed = run_pytest(root, every, stop_at_first=False)
+            # Not -x: a red baseline names every failing test, not only the first. With --jobs the
+            # selections are split by file (a file's tests share their module fixtures).
+            files = list(dict.fromkeys(t.split("::")[0] for t in every))
+            chunks = [[t for t in every if t.split("::")[0] in files[i::jobs]] for i in range(jobs)]
+            chunks = [c for c in chunks if c]
+            with ThreadPoolExecutor(len(chunks)) as pool:
+                results = list(pool.map(lambda rc: run_pytest(rc[0], rc[1], stop_at_first=False), zip(roots, chunks)))
+            code = next((r[0] for r in results if r[0] != 0), 0)
+            summary = "; ".join(r[1] for r in results)
+            seconds = max(r[2] for r in results)
+            failed = [line for r in results for line in r[3]]
             print(f"baseline (unmodified copy, {len(every)} selections): {summary} [{seconds:.0f} s]", flush=True)
             if code != 0:
                 print("error: the selected tests fail without any mutant; fix them first:", file=sys.stderr)
                 for line in failed or [f"(no test named: pytest exited {code}: {summary})"]:
                     print(f"  {line}", file=sys.stderr)
                 return 2 if code in (4, 5) else 1
-        rows, survivors = [], []
-        for m in mutants:
-            path = root / PACKAGE / m.file
-            original = path.read_text(encoding="utf-8")
-            path.write_text(original.replace(m.old, m.new, 1), encoding="utf-8")
+        free: queue.Queue[Path] = queue.Queue()
+        for root in roots:
+            free.put(root)
+
+        def run_mutant(m: Mutant) -> tuple[Mutant, int, str, float]:
+            root = free.get()  # a copy no other thread is editing
             try:
-                code, summary, seconds, _ = run_pytest(root, m.tests)
+                path = root / PACKAGE / m.file
+                original = path.read_text(encoding="utf-8")
+                path.write_text(original.replace(m.old, m.new, 1), encoding="utf-8")
+                try:
+                    code, summary, seconds, _ = run_pytest(root, m.tests)
+                finally:
+                    path.write_text(original, encoding="utf-8")
             finally:
-                path.write_text(original, encoding="utf-8")
+                free.put(root)
+            verdict = "survived" if code == 0 else "caught (timeout)" if code == -1 else "caught"
+            print(f"  {m.name}: {verdict} [{seconds:.0f} s]", flush=True)
+            return m, code, summary, seconds
+
+        with ThreadPoolExecutor(jobs) as pool:
+            outcomes = list(pool.map(run_mutant, mutants))
+        rows, survivors = [], []
+        for m, code, summary, seconds in outcomes:
             if code in (4, 5):  # usage error / nothing collected: the selection is wrong, not the mutant
                 print(
                     f"error: mutant {m.name}: its tests could not run ({summary}) - update tests/mutants.py",
@@ -1229,7 +1273,6 @@ def main(argv: list[str] | None = None) -> int:
             if code == 0:
                 survivors.append(m.name)
             rows.append((m.name, f"{len(m.tests)} selected; {summary}", verdict, seconds))
-            print(f"  {m.name}: {verdict} [{seconds:.0f} s]", flush=True)
 
     width = max(len(r[0]) for r in rows)
     tests_width = min(60, max(len(r[1]) for r in rows))

@@ -1,4 +1,4 @@
-"""tests/mutants.py itself: a red baseline is reported with the names of its failing tests."""
+"""tests/mutants.py itself: a red baseline is reported with the names of its failing tests; --jobs keeps each mutant in its own copy."""
 
 from __future__ import annotations
 
@@ -43,3 +43,36 @@ def test_every_mutant_is_well_formed_and_its_snippet_and_tests_exist():
         assert m.tests and all(isinstance(t, str) for t in m.tests), m.name
         for node in m.tests:
             assert (REPO / "tests" / node.split("::")[0]).is_file(), f"{m.name}: {node}"
+
+
+def test_jobs_run_mutants_side_by_side_each_in_its_own_copy():
+    # Four mutants of one file, two at a time: were the copies shared, one job's restore would
+    # undo (or its edit leak into) the other's mutant, and one would survive.
+    names = ["d_alpha_ignored", "g_alpha_ignored", "psnr_20_log10", "hole_mask_dropped_from_reconstruction"]
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "mutants.py"), "--jobs", "2", "--only", *names],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "baseline (unmodified copy, 4 selections)" in done.stdout
+    for name in names:
+        assert f"  {name}: caught" in done.stdout, done.stdout
+    assert "all 4 mutants caught" in done.stdout
+
+
+def test_a_red_baseline_split_over_jobs_still_names_its_failing_tests(tmp_path):
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".pytest_cache")
+    for part in ("toolkit", "tests"):
+        shutil.copytree(REPO / part, tmp_path / part, ignore=ignore)
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    with open(tmp_path / "tests" / "test_oracles.py", "a", encoding="utf-8") as f:
+        f.write("\n\ndef test_discriminator_loss_is_alpha_times_half_the_bce_sum():\n    assert 1 == 2, 'planted'\n")
+    # Two files, so each job's baseline chunk holds one of them; the planted failure is in one chunk.
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "tests" / "mutants.py"), "--jobs", "2", "--only", "d_alpha_ignored",
+         "resume_rng_restore_dropped"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAILED tests/test_oracles.py::test_discriminator_loss_is_alpha_times_half_the_bce_sum" in done.stderr
+    assert "caught" not in done.stdout and "survived" not in done.stdout
