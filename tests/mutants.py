@@ -1075,12 +1075,12 @@ MUTANTS: list[Mutant] = [
         why="the int8 file must say which convolutions run in float",
     ),
     Mutant(
-        "int8_conv_error_ignores_its_output",
+        "int8_conv_error_ignores_its_weights",
         "export/sensitivity.py",
-        "own = noise(conv.output, qdq.get(conv.output)) - noise(conv.activation, before)",
-        "own = noise(conv.activation, matched.get(conv.activation, {}).get('post_qdq'))",
+        "            own += _weight_noise(pair[\"float\"], pair[\"dequantized\"], np.mean(power**2, axis=1), conv)\n",
+        "",
         (f"{INT8_FALLBACK}::test_the_convolution_that_int8_ruins_is_left_in_float",),
-        why="a convolution's own int8 error is seen at its output (its weights' rounding), not only at its quantized input",
+        why="a convolution's own int8 error includes its weights' rounding (small taps under one large tap)",
     ),
 ]
 

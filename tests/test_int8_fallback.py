@@ -87,5 +87,5 @@ def test_a_model_that_needs_more_than_the_cap_in_float_is_refused_with_the_figur
         quantize_int8(fp32, out, {}, _calibration(), CONFIG, cases=CASES, max_float_macs=0.1)
     message = str(raised.value)
     assert "\n" not in message and not out.exists()
-    assert "dB with every convolution in int8" in message and "would pass 10% of the multiply-adds" in message
+    assert "dB with all convolutions quantized" in message and "would pass 10% of the multiply-adds" in message
     assert "nothing written" in message

@@ -232,7 +232,7 @@ def quantize_int8(
             kept = (
                 f"{', '.join(exclude)} in float ({share:.0%} of the multiply-adds)"
                 if exclude
-                else "every convolution in int8"
+                else "all convolutions quantized"
             )
             log.info("int8 (%s): worst hole PSNR %.1f dB (gate %.1f dB)", kept, psnr, min_psnr)
             tried.append(f"{psnr:.1f} dB with {kept}")

@@ -29,6 +29,9 @@ class ConvInfo:
     weight: str  # its weight initializer
     output: str  # the tensor it writes
     macs: int  # multiply-adds per image at the size the shapes were inferred for
+    channels_in: int
+    channels_out: int
+    op_type: str = "Conv"
 
 
 def conv_infos(path: Path, op_types: Sequence[str], size: int) -> list[ConvInfo]:
@@ -58,8 +61,50 @@ def conv_infos(path: Path, op_types: Sequence[str], size: int) -> list[ConvInfo]
         # every input pixel meets every weight
         spatial = out if node.op_type == "Conv" else shapes.get(node.input[0], [])
         macs = math.prod(kernel) * spatial[2] * spatial[3] if len(spatial) == 4 and all(spatial) and kernel else 0
-        infos.append(ConvInfo(node.name, node.input[0], node.input[1], node.output[0], macs))
+        group = next((a.i for a in node.attribute if a.name == "group"), 1)
+        if node.op_type == "Conv":  # weight (out, in / group, k, k); ConvTranspose's (in, out / group, k, k)
+            cin, cout = (kernel[1] * group, kernel[0]) if kernel else (0, 0)
+        else:
+            cin, cout = (kernel[0], kernel[1] * group) if kernel else (0, 0)
+        infos.append(ConvInfo(node.name, node.input[0], node.input[1], node.output[0], macs, cin, cout, node.op_type))
     return infos
+
+
+def _channel_noise(reference: Sequence[np.ndarray], ours: Sequence[np.ndarray], channels: int, axis: int = 0) -> float:
+    """The mean over channels of each channel's relative noise power (from the library's SQNR).
+
+    A per-tensor figure would hide a small channel drowned by a large one that shares its int8
+    step. A channel that is all zeros in ``reference`` has no signal to lose and is skipped."""
+    from onnxruntime.quantization.qdq_loss_debug import compute_signal_to_quantization_noice_ratio
+
+    def split(arrays: Sequence[np.ndarray]) -> np.ndarray:
+        return np.concatenate(
+            [np.moveaxis(a.reshape(-1) if axis < 0 else a, axis, 0).reshape(channels, -1) for a in arrays], 1
+        )
+
+    ref, got = split(reference), split(ours)
+    powers = [
+        10 ** (-compute_signal_to_quantization_noice_ratio(ref[c], got[c]) / 10)
+        for c in range(channels)
+        if np.any(ref[c])
+    ]
+    return float(np.mean(powers)) if powers else 0.0
+
+
+def _weight_noise(weight: np.ndarray, dequantized: np.ndarray, input_power: np.ndarray, conv: ConvInfo) -> float:
+    """The relative noise power int8 weights add to each output channel, averaged over channels.
+
+    Each input channel's share is weighted by its mean square on the calibration images, so a
+    large tap on an input channel that is always 0 counts as the nothing it adds in float, and
+    the real taps it rounds to zero (it sets the channel's int8 step) count in full."""
+    if conv.op_type == "ConvTranspose":  # (in, out, k, k) -> (out, in, k, k)
+        weight, dequantized = weight.swapaxes(0, 1), dequantized.swapaxes(0, 1)
+    if weight.shape[:2] != (conv.channels_out, conv.channels_in):
+        return 0.0  # grouped convolutions: not measured here
+    signal = np.einsum("oc,c->o", (weight**2).sum(axis=(2, 3)), input_power)
+    noise = np.einsum("oc,c->o", ((weight - dequantized) ** 2).sum(axis=(2, 3)), input_power)
+    kept = signal > 0
+    return float(np.mean(noise[kept] / signal[kept])) if kept.any() else 0.0
 
 
 def conv_sqnr(
@@ -71,17 +116,16 @@ def conv_sqnr(
 ) -> dict[str, float]:
     """Each convolution's own int8 error on ``feeds``, as an SQNR in dB (lower: more sensitive).
 
-    The int8 model's output of the convolution against the float model's has the noise of
-    everything before it plus its own (its quantized input and weights); its input, before its
-    own QuantizeLinear, has only the first. Relative noise powers subtract: what is left is the
-    convolution's own share. (The SQNR of a convolution's quantized input or weights alone misses
-    a weight tensor whose large taps set the int8 step so that its small ones round to zero.)
-    """
+    Measured where int8 rounds, on the int8 model (``onnxruntime.quantization.qdq_loss_debug``):
+    the convolution's input and its output, each before and after its QuantizeLinear /
+    DequantizeLinear pair (:func:`_channel_noise`), and its int8 weights against the float ones,
+    weighted by the input they meet (:func:`_weight_noise`). Each is local (it does not carry the
+    error of the layers before) and a mean of per-channel relative noise powers; the three add up."""
     from onnxruntime.quantization import CalibrationDataReader  # delayed: heavy import
     from onnxruntime.quantization.qdq_loss_debug import (
         collect_activations,
-        compute_signal_to_quantization_noice_ratio,
         create_activation_matching,
+        create_weight_matching,
         modify_model_output_intermediate_tensors,
     )
 
@@ -92,23 +136,22 @@ def conv_sqnr(
         def get_next(self) -> dict[str, np.ndarray] | None:
             return next(self.feeds, None)
 
-    collected = []
-    for path in (qdq_path, float_path):
-        augmented = scratch / f"{path.stem}_debug.onnx"
-        modify_model_output_intermediate_tensors(str(path), str(augmented))
-        collected.append(collect_activations(str(augmented), Reader()))
-    qdq, reference = collected
-    matched: dict[str, Any] = create_activation_matching(qdq, reference)
+    augmented = scratch / "qdq_debug.onnx"
+    modify_model_output_intermediate_tensors(str(qdq_path), str(augmented))
+    matched: dict[str, Any] = create_activation_matching(collect_activations(str(augmented), Reader()))
+    weights = create_weight_matching(str(float_path), str(qdq_path))
 
-    def noise(tensor: str, ours: Any) -> float:
-        if tensor not in reference or ours is None:
-            return 0.0
-        return 10 ** (-compute_signal_to_quantization_noice_ratio(reference[tensor], ours) / 10)
+    def rounding(tensor: str, channels: int) -> float:
+        pair = matched.get(tensor)
+        return _channel_noise(pair["pre_qdq"], pair["post_qdq"], channels) if pair else 0.0
 
     result = {}
     for conv in convs:
-        before = matched.get(conv.activation, {}).get("pre_qdq", qdq.get(conv.activation))
-        own = noise(conv.output, qdq.get(conv.output)) - noise(conv.activation, before)
+        own = rounding(conv.activation, conv.channels_in) + rounding(conv.output, conv.channels_out)
+        pair, seen = weights.get(conv.weight), matched.get(conv.activation)
+        if pair is not None and seen is not None:
+            power = np.concatenate([x.reshape(conv.channels_in, -1) for x in seen["pre_qdq"]], 1)
+            own += _weight_noise(pair["float"], pair["dequantized"], np.mean(power**2, axis=1), conv)
         result[conv.name] = -10 * math.log10(own) if own > 0 else math.inf
     return result
 
