@@ -230,7 +230,7 @@ def quantize_int8(
             psnr = hole_psnr_floor(report, "int8")
             share = float_share(floats, convs)
             kept = (
-                f"{', '.join(exclude)} in float ({share:.0%} of the multiply-adds)"
+                f"{', '.join(exclude)} left in float ({share:.0%} of the multiply-adds)"
                 if exclude
                 else "all convolutions quantized"
             )
