@@ -61,6 +61,7 @@ STALE = "test_nothing_stale.py"
 FINITE = "test_non_finite.py"
 INPUTS = "test_inpaint_inputs.py"
 RAYS = "test_ray_inpaint.py"
+INT8_FALLBACK = "test_int8_fallback.py"
 HOSTILE = "test_serve_hostile.py"
 MEMORY = "test_serve_memory.py"
 
@@ -1062,6 +1063,38 @@ MUTANTS: list[Mutant] = [
         (f"{MEMORY}::test_a_releasing_openvino_run_returns_its_memory",),
         ci=False,
         why="OpenVINO's CPU plugin kept a large run's buffers for good (90 MB for the tiny model at 1024 px)",
+    ),
+    Mutant(
+        "int8_fallback_ranks_the_least_sensitive_first",
+        "export/quantize.py",
+        "key=lambda c: errors[c.name])",
+        "key=lambda c: -errors[c.name])",
+        (f"{INT8_FALLBACK}::test_the_convolution_that_int8_ruins_is_left_in_float",),
+        why="int8's float fallback must leave the convolutions with the largest own int8 error in float first",
+    ),
+    Mutant(
+        "int8_fallback_ignores_the_float_cap",
+        "export/sensitivity.py",
+        "if (sum(c.macs for c in fitting) + conv.macs) / total > max_float_fraction:",
+        "if (sum(c.macs for c in fitting) + conv.macs) / total > 1.0:",
+        (f"{INT8_FALLBACK}::test_a_model_that_needs_more_than_the_cap_in_float_is_refused_with_the_figures",),
+        why="beyond the cap on float multiply-adds int8 buys little: the export must refuse",
+    ),
+    Mutant(
+        "int8_float_nodes_not_recorded",
+        "export/quantize.py",
+        "props[META_FLOAT_NODES] = json.dumps(floats)",
+        "props[META_FLOAT_NODES] = json.dumps([])",
+        (f"{INT8_FALLBACK}::test_the_convolution_that_int8_ruins_is_left_in_float",),
+        why="the int8 file must say which convolutions run in float",
+    ),
+    Mutant(
+        "int8_conv_error_ignores_its_weights",
+        "export/sensitivity.py",
+        "            own += _weight_noise(pair[\"float\"], pair[\"dequantized\"], np.mean(power**2, axis=1), conv)\n",
+        "",
+        (f"{INT8_FALLBACK}::test_the_convolution_that_int8_ruins_is_left_in_float",),
+        why="a convolution's own int8 error includes its weights' rounding (small taps under one large tap)",
     ),
 ]
 

@@ -425,7 +425,11 @@ def _write_each(
                 int8_result = quantize_int8(
                     tmp["onnx"], tmp[key], metadata, calibration, generator.config, int8_min_psnr, cases
                 )
-                floats = ", ".join(int8_result.float_nodes) or "none (every convolution is int8)"
+                floats = (
+                    f"{', '.join(int8_result.float_nodes)} ({int8_result.float_macs:.0%} of the multiply-adds)"
+                    if int8_result.float_nodes
+                    else "none (every convolution is int8)"
+                )
                 done.notes.append(
                     f"int8: calibrated on {calibration.source}; worst hole PSNR against fp32 "
                     f"{int8_result.hole_psnr:.1f} dB (gate {int8_min_psnr:g} dB); convolutions left in float: {floats}"

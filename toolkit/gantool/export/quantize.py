@@ -5,9 +5,11 @@ with holes drawn like the model's training masks (:func:`calibration_batch`) and
 quantized with ``quantize_static``. Only convolutions are quantized: the
 composite (``image * known + out * mask``) stays in float, so known pixels pass
 through exactly. The result must come within ``min_psnr`` dB of the fp32 model
-inside the hole over the parity sweep (:func:`gantool.export.parity.default_cases`);
-if it does not, the first and last convolutions are left in float and it is
-tried once more. If that fails too, :class:`QuantizationError` gives the figure.
+inside the hole over the parity sweep (:func:`gantool.export.parity.default_cases`).
+If it does not, the convolutions are ranked by their own int8 error
+(:mod:`gantool.export.sensitivity`) and the 1, 2, 4, ... worst are left in float,
+each set tried in turn, as long as at most ``max_float_macs`` of the multiply-adds
+run in float. If none passes, :class:`QuantizationError` gives every figure.
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ import numpy as np
 
 from gantool.core.artifacts import META_CALIBRATION, META_FLOAT_NODES, META_PRECISION
 from gantool.core.config import ModelConfig, TrainConfig
-from gantool.core.constants import DEFAULT_INT8_MIN_PSNR
+from gantool.core.constants import DEFAULT_INT8_MIN_PSNR, INT8_MAX_FLOAT_MACS
 from gantool.core.errors import InputError, ModelError, first_line
 from gantool.core.processing import IMAGE_EXTENSIONS
 from gantool.export.parity import BackendSpec, ParityCase, default_cases, onnxruntime_backend, parity_sweep
 from gantool.export.provenance import redact_paths
+from gantool.export.sensitivity import ConvInfo, conv_infos, conv_sqnr, float_sets, float_share
 from gantool.runtime.providers import open_session
 from gantool.training.data import (
     ImageFolderSource,
@@ -63,8 +66,8 @@ class Calibration:
 class Int8Result:
     hole_psnr: float  # worst hole PSNR (dB, uint8) against the fp32 model over the sweep
     float_nodes: list[str]  # convolutions left in float
+    float_macs: float  # the share of the convolutions' multiply-adds they hold
     calibration: str
-    report: dict[str, Any]
 
 
 def check_calib_folder(calib_dir: str | Path) -> Path:
@@ -129,13 +132,6 @@ def _quiet_quantizer() -> Iterator[None]:
         logging.disable(previous)
 
 
-def _conv_nodes(path: Path) -> list[str]:
-    import onnx  # delayed: heavy import
-
-    model = onnx.load(str(path), load_external_data=False)
-    return [node.name for node in model.graph.node if node.op_type in QUANTIZED_OPS]
-
-
 def _quantize(pre: Path, out: Path, calibration: Calibration, exclude: list[str]) -> None:
     from onnxruntime.quantization import (  # delayed: heavy import
         CalibrationDataReader,
@@ -170,6 +166,28 @@ def hole_psnr_floor(report: dict[str, Any], name: str) -> float:
     return min((r["psnr_hole_uint8"] for r in rows), default=math.inf)
 
 
+def _feeds(calibration: Calibration) -> list[dict[str, np.ndarray]]:
+    return [
+        {"image": calibration.images[i : i + 1], "mask": calibration.masks[i : i + 1]}
+        for i in range(len(calibration.images))
+    ]
+
+
+def _write(candidate: Path, out_path: Path, metadata: dict[str, str], floats: list[str], calibration: str) -> None:
+    import onnx  # delayed: heavy import
+
+    model = onnx.load(str(candidate))
+    props = {p.key: p.value for p in model.metadata_props}
+    props.update(metadata)
+    props[META_PRECISION] = "int8"
+    props[META_FLOAT_NODES] = json.dumps(floats)
+    props[META_CALIBRATION] = redact_paths(calibration)  # no path of this machine
+    del model.metadata_props[:]
+    for key, value in props.items():
+        model.metadata_props.add(key=key, value=value)
+    onnx.save_model(model, str(out_path), save_as_external_data=False)
+
+
 def quantize_int8(
     fp32_path: Path,
     out_path: Path,
@@ -178,9 +196,12 @@ def quantize_int8(
     config: ModelConfig,
     min_psnr: float = DEFAULT_INT8_MIN_PSNR,
     cases: Sequence[ParityCase] | None = None,
+    max_float_macs: float = INT8_MAX_FLOAT_MACS,
 ) -> Int8Result:
-    """Quantize ``fp32_path`` into ``out_path`` (any name) or raise QuantizationError with the figure."""
-    import onnx  # delayed: heavy import
+    """Quantize ``fp32_path`` into ``out_path`` (any name) or raise QuantizationError with the figures.
+
+    Every convolution in int8 first; if that misses ``min_psnr``, the most error-prone ones in
+    float (see the module's docstring), within ``max_float_macs`` of the multiply-adds."""
     from onnxruntime.quantization import quant_pre_process  # delayed: heavy import
 
     cases = list(cases) if cases is not None else default_cases(config)
@@ -192,10 +213,11 @@ def quantize_int8(
                 quant_pre_process(str(fp32_path), str(pre), skip_symbolic_shape=True)
         except Exception as e:  # shape inference / optimizer failures: one line
             raise ModelError(f"int8 quantization: pre-processing failed: {first_line(e)}") from None
-        convs = _conv_nodes(pre)
-        attempts = [[], [convs[0], convs[-1]]] if len(convs) >= 2 else [[]]
+        convs = conv_infos(pre, QUANTIZED_OPS, config.size)
         tried: list[str] = []
-        for exclude in attempts:
+
+        def attempt(floats: list[ConvInfo]) -> tuple[Path, bool, float]:
+            exclude = [c.name for c in floats]
             candidate = Path(tmp) / f"int8_{len(exclude)}.onnx"
             try:
                 with _quiet_quantizer():
@@ -206,22 +228,40 @@ def quantize_int8(
             spec = BackendSpec("int8", onnxruntime_backend(session), "int8", None, min_psnr)
             report = parity_sweep(reference, [spec], cases, config.local_size, min_psnr=min_psnr)
             psnr = hole_psnr_floor(report, "int8")
-            kept = "all convolutions quantized" if not exclude else f"{', '.join(exclude)} left in float"
+            share = float_share(floats, convs)
+            kept = (
+                f"{', '.join(exclude)} left in float ({share:.0%} of the multiply-adds)"
+                if exclude
+                else "all convolutions quantized"
+            )
             log.info("int8 (%s): worst hole PSNR %.1f dB (gate %.1f dB)", kept, psnr, min_psnr)
             tried.append(f"{psnr:.1f} dB with {kept}")
             if report["passed"]:
-                model = onnx.load(str(candidate))
-                props = {p.key: p.value for p in model.metadata_props}
-                props.update(metadata)
-                props[META_PRECISION] = "int8"
-                props[META_FLOAT_NODES] = json.dumps(exclude)
-                props[META_CALIBRATION] = redact_paths(calibration.source)  # no path of this machine
-                del model.metadata_props[:]
-                for key, value in props.items():
-                    model.metadata_props.add(key=key, value=value)
-                onnx.save_model(model, str(out_path), save_as_external_data=False)
-                return Int8Result(psnr, exclude, calibration.source, report)
+                _write(candidate, out_path, metadata, exclude, calibration.source)
+            return candidate, bool(report["passed"]), psnr
+
+        first, passed, psnr = attempt([])
+        if passed:
+            return Int8Result(psnr, [], 0.0, calibration.source)
+        try:
+            with _quiet_quantizer():
+                errors = conv_sqnr(pre, first, convs, _feeds(calibration), Path(tmp))
+        except Exception as e:  # the debugging tools raise many types
+            raise ModelError(f"int8 quantization: measuring each convolution's error failed: {first_line(e)}") from None
+        ranked = sorted((c for c in convs if math.isfinite(errors[c.name])), key=lambda c: errors[c.name])
+        log.info(
+            "int8 error per convolution (SQNR dB): %s", ", ".join(f"{c.name} {errors[c.name]:.1f}" for c in ranked)
+        )
+        sets, blocked = float_sets(ranked, convs, max_float_macs)
+        for floats in sets:
+            _, passed, psnr = attempt(floats)
+            if passed:
+                return Int8Result(psnr, [c.name for c in floats], float_share(floats, convs), calibration.source)
+    if blocked is not None:
+        limit = f"leaving {blocked.name} in float too would pass {max_float_macs:.0%} of the multiply-adds"
+    else:
+        limit = "no other convolution adds measurable int8 error"
     raise QuantizationError(
         f"int8 model below its quality gate: worst hole PSNR against fp32 {'; '.join(tried)} "
-        f"(< {min_psnr:g} dB; --int8-min-psnr); nothing written"
+        f"(< {min_psnr:g} dB; --int8-min-psnr); {limit}; nothing written"
     )

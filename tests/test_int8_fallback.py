@@ -1,0 +1,91 @@
+"""int8's accuracy-aware float fallback (gantool.export.quantize, gantool.export.sensitivity).
+
+A tiny three-convolution net (image + mask -> composite, like the generator's contract)
+whose int8 version passes the gate, and the same net with one planted outlier: a weight
+tap of 1000 on an input channel that is always 0, so in float it adds nothing, but in
+int8 it sets its output channel's weight step (per-channel scale 1000 / 127), which rounds
+that channel's real taps to zero. Only leaving that convolution in float restores it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from gantool.core.artifacts import META_FLOAT_NODES, read_model_metadata
+from gantool.core.config import ModelConfig
+from gantool.export.formats import example_inputs, export_onnx
+from gantool.export.parity import ParityCase
+from gantool.export.quantize import Calibration, QuantizationError, quantize_int8
+from gantool.export.sensitivity import conv_infos
+
+CONFIG = ModelConfig(width=4, size=16, local_size=8)
+CASES = [ParityCase(1, 16, 16, "box"), ParityCase(1, 20, 12, "box")]
+
+
+class Tiny(nn.Module):
+    def __init__(self, outlier: bool) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+        self.a, self.b, self.c = (
+            nn.Conv2d(4, 6, 3, padding=1),
+            nn.Conv2d(6, 6, 3, padding=1),
+            nn.Conv2d(6, 3, 3, padding=1),
+        )
+        with torch.no_grad():
+            for conv in (self.a, self.b, self.c):
+                conv.weight.copy_(torch.randn(conv.weight.shape, generator=gen) * 0.15)
+                conv.bias.zero_()
+            self.a.weight[5].zero_()  # channel 5 of a's output: always 0 after the ReLU
+            if outlier:
+                self.b.weight[0, 5, 1, 1] = 1000.0  # multiplies that zero channel: no effect in float
+
+    def forward(self, image: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.a(torch.cat([image * (1 - mask), mask], 1)))
+        out = torch.sigmoid(self.c(torch.relu(self.b(x))))
+        return image * (1 - mask) + out * mask
+
+
+def _calibration() -> Calibration:
+    gen = torch.Generator().manual_seed(1)
+    images = torch.rand(4, 3, 16, 16, generator=gen)
+    masks = torch.zeros(4, 1, 16, 16)
+    masks[:, :, 4:12, 4:12] = 1
+    return Calibration(images.numpy(), masks.numpy(), "test images")
+
+
+def _export(tmp_path, outlier: bool):
+    path = tmp_path / f"fp32_{outlier}.onnx"
+    export_onnx(Tiny(outlier).eval(), example_inputs(16), path, {})
+    return path
+
+
+def test_without_the_outlier_every_convolution_is_int8(tmp_path):
+    fp32 = _export(tmp_path, outlier=False)
+    result = quantize_int8(fp32, tmp_path / "int8.onnx", {}, _calibration(), CONFIG, cases=CASES)
+    assert result.float_nodes == [] and result.hole_psnr >= 35.0
+
+
+def test_the_convolution_that_int8_ruins_is_left_in_float(tmp_path):
+    fp32 = _export(tmp_path, outlier=True)
+    names = [c.name for c in conv_infos(fp32, ("Conv",), 16)]
+    out = tmp_path / "int8.onnx"
+    result = quantize_int8(fp32, out, {}, _calibration(), CONFIG, cases=CASES)
+    assert result.float_nodes == [names[1]], (result.float_nodes, names)  # b, and only b
+    assert result.hole_psnr >= 35.0
+    assert 0 < result.float_macs < 0.5
+    assert json.loads(read_model_metadata(out)[META_FLOAT_NODES]) == [names[1]]
+
+
+def test_a_model_that_needs_more_than_the_cap_in_float_is_refused_with_the_figures(tmp_path):
+    fp32 = _export(tmp_path, outlier=True)
+    out = tmp_path / "int8.onnx"
+    with pytest.raises(QuantizationError) as raised:
+        quantize_int8(fp32, out, {}, _calibration(), CONFIG, cases=CASES, max_float_macs=0.1)
+    message = str(raised.value)
+    assert "\n" not in message and not out.exists()
+    assert "dB with all convolutions quantized" in message and "would pass 10% of the multiply-adds" in message
+    assert "nothing written" in message
