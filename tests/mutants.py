@@ -1091,7 +1091,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "int8_conv_error_ignores_its_weights",
         "export/sensitivity.py",
-        "            own += _weight_noise(pair[\"float\"], pair[\"dequantized\"], np.mean(power**2, axis=1), conv)\n",
+        '            own += _weight_noise(pair["float"], pair["dequantized"], np.mean(power**2, axis=1), conv)\n',
         "",
         (f"{INT8_FALLBACK}::test_the_convolution_that_int8_ruins_is_left_in_float",),
         why="a convolution's own int8 error includes its weights' rounding (small taps under one large tap)",
@@ -1151,6 +1151,15 @@ NOT_IN_CI = {
     "dead_rank_report_without_the_checkpoint",
     "serve_holes_counted_after_the_image_is_decoded",
     "inpaint_blend_limit_not_applied",
+    # 15-30 s each in .ci/run (session 7): exports at every step, or int8's fallback sweeps.
+    "non_finite_output_written",
+    "mixed_export_folder_accepted",
+    "stale_export_files_kept",
+    "calib_folder_checked_after_the_export",
+    "export_swallowed_signal_still_commits",
+    "int8_fallback_ranks_the_least_sensitive_first",
+    "int8_fallback_ignores_the_float_cap",
+    "int8_float_nodes_not_recorded",
 }
 assert {m.name for m in MUTANTS} >= NOT_IN_CI, sorted(NOT_IN_CI - {m.name for m in MUTANTS})
 MUTANTS = [replace(m, ci=False) if m.name in NOT_IN_CI else m for m in MUTANTS]
