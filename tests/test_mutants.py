@@ -10,14 +10,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_a_red_baseline_names_its_failing_tests(tmp_path):
-    # A copy of the checkout in which one selected test of mutant d_alpha_ignored fails without any mutant.
+def copy_with_a_red_baseline(dest: Path) -> None:
+    """A copy of the checkout in which one selected test of mutant d_alpha_ignored fails without any mutant."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".pytest_cache")
     for part in ("toolkit", "tests"):
-        shutil.copytree(REPO / part, tmp_path / part, ignore=ignore)
-    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
-    with open(tmp_path / "tests" / "test_oracles.py", "a", encoding="utf-8") as f:
+        shutil.copytree(REPO / part, dest / part, ignore=ignore)
+    shutil.copy(REPO / "pyproject.toml", dest / "pyproject.toml")
+    with open(dest / "tests" / "test_oracles.py", "a", encoding="utf-8") as f:
         f.write("\n\ndef test_discriminator_loss_is_alpha_times_half_the_bce_sum():\n    assert 1 == 2, 'planted'\n")
+
+
+def test_a_red_baseline_names_its_failing_tests(tmp_path):
+    copy_with_a_red_baseline(tmp_path)
     done = subprocess.run(
         [sys.executable, str(tmp_path / "tests" / "mutants.py"), "--only", "d_alpha_ignored"],
         capture_output=True, text=True, timeout=600, check=False,
@@ -61,12 +65,7 @@ def test_jobs_run_mutants_side_by_side_each_in_its_own_copy():
 
 
 def test_a_red_baseline_split_over_jobs_still_names_its_failing_tests(tmp_path):
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".pytest_cache")
-    for part in ("toolkit", "tests"):
-        shutil.copytree(REPO / part, tmp_path / part, ignore=ignore)
-    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
-    with open(tmp_path / "tests" / "test_oracles.py", "a", encoding="utf-8") as f:
-        f.write("\n\ndef test_discriminator_loss_is_alpha_times_half_the_bce_sum():\n    assert 1 == 2, 'planted'\n")
+    copy_with_a_red_baseline(tmp_path)
     # Two files, so each job's baseline chunk holds one of them; the planted failure is in one chunk.
     done = subprocess.run(
         [sys.executable, str(tmp_path / "tests" / "mutants.py"), "--jobs", "2", "--only", "d_alpha_ignored",
