@@ -34,7 +34,7 @@ from gantool.core.errors import InputError, ModelError, first_line
 from gantool.core.processing import IMAGE_EXTENSIONS
 from gantool.export.parity import BackendSpec, ParityCase, default_cases, onnxruntime_backend, parity_sweep
 from gantool.export.provenance import redact_paths
-from gantool.export.sensitivity import ConvInfo, conv_infos, conv_sqnr, float_sets, float_share
+from gantool.export.sensitivity import ConvInfo, conv_infos, conv_sqnr, feed_reader, float_sets, float_share
 from gantool.runtime.providers import open_session
 from gantool.training.data import (
     ImageFolderSource,
@@ -134,25 +134,14 @@ def _quiet_quantizer() -> Iterator[None]:
 
 def _quantize(pre: Path, out: Path, calibration: Calibration, exclude: list[str]) -> None:
     from onnxruntime.quantization import (  # delayed: heavy import
-        CalibrationDataReader,
         CalibrationMethod,
         QuantFormat,
         QuantType,
         quantize_static,
     )
 
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.feeds = iter(
-                {"image": calibration.images[i : i + 1], "mask": calibration.masks[i : i + 1]}
-                for i in range(len(calibration.images))
-            )
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            return next(self.feeds, None)
-
     quantize_static(
-        str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+        str(pre), str(out), feed_reader(_feeds(calibration)), quant_format=QuantFormat.QDQ, per_channel=True,
         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, op_types_to_quantize=list(QUANTIZED_OPS),
         nodes_to_exclude=exclude, calibrate_method=CalibrationMethod.MinMax,
     )  # fmt: skip

@@ -107,6 +107,20 @@ def _weight_noise(weight: np.ndarray, dequantized: np.ndarray, input_power: np.n
     return float(np.mean(noise[kept] / signal[kept])) if kept.any() else 0.0
 
 
+def feed_reader(feeds: Sequence[dict[str, np.ndarray]]) -> Any:
+    """``feeds`` as ONNX Runtime's CalibrationDataReader (one pass), for the quantizer and the debugger alike."""
+    from onnxruntime.quantization import CalibrationDataReader  # delayed: heavy import
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.feeds: Iterator[dict[str, np.ndarray]] = iter(feeds)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.feeds, None)
+
+    return Reader()
+
+
 def conv_sqnr(
     float_path: Path,
     qdq_path: Path,
@@ -121,24 +135,16 @@ def conv_sqnr(
     DequantizeLinear pair (:func:`_channel_noise`), and its int8 weights against the float ones,
     weighted by the input they meet (:func:`_weight_noise`). Each is local (it does not carry the
     error of the layers before) and a mean of per-channel relative noise powers; the three add up."""
-    from onnxruntime.quantization import CalibrationDataReader  # delayed: heavy import
-    from onnxruntime.quantization.qdq_loss_debug import (
+    from onnxruntime.quantization.qdq_loss_debug import (  # delayed: heavy import
         collect_activations,
         create_activation_matching,
         create_weight_matching,
         modify_model_output_intermediate_tensors,
     )
 
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.feeds: Iterator[dict[str, np.ndarray]] = iter(feeds)
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            return next(self.feeds, None)
-
     augmented = scratch / "qdq_debug.onnx"
     modify_model_output_intermediate_tensors(str(qdq_path), str(augmented))
-    matched: dict[str, Any] = create_activation_matching(collect_activations(str(augmented), Reader()))
+    matched: dict[str, Any] = create_activation_matching(collect_activations(str(augmented), feed_reader(feeds)))
     weights = create_weight_matching(str(float_path), str(qdq_path))
 
     def rounding(tensor: str, channels: int) -> float:
