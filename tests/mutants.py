@@ -1285,7 +1285,7 @@ def main(argv: list[str] | None = None) -> int:
         for root in roots:
             free.put(root)
 
-        def run_mutant(m: Mutant) -> tuple[Mutant, int, str, float]:
+        def run_mutant(m: Mutant) -> tuple[Mutant, int, str, float, str]:
             root = free.get()  # a copy no other thread is editing
             try:
                 path = root / PACKAGE / m.file
@@ -1299,19 +1299,18 @@ def main(argv: list[str] | None = None) -> int:
                 free.put(root)
             verdict = "survived" if code == 0 else "caught (timeout)" if code == -1 else "caught"
             print(f"  {m.name}: {verdict} [{seconds:.0f} s]", flush=True)
-            return m, code, summary, seconds
+            return m, code, summary, seconds, verdict
 
         with ThreadPoolExecutor(jobs) as pool:
             outcomes = list(pool.map(run_mutant, mutants))
         rows, survivors = [], []
-        for m, code, summary, seconds in outcomes:
+        for m, code, summary, seconds, verdict in outcomes:
             if code in (4, 5):  # usage error / nothing collected: the selection is wrong, not the mutant
                 print(
                     f"error: mutant {m.name}: its tests could not run ({summary}) - update tests/mutants.py",
                     file=sys.stderr,
                 )
                 return 2
-            verdict = "survived" if code == 0 else "caught (timeout)" if code == -1 else "caught"
             if code == 0:
                 survivors.append(m.name)
             rows.append((m.name, f"{len(m.tests)} selected; {summary}", verdict, seconds))
