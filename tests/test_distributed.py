@@ -557,3 +557,10 @@ def test_a_silent_peer_ends_the_next_collective_within_the_collective_timeout(
     assert "\n" not in line and "gloo/transport" not in line, line
     assert line.startswith("process 0 of 2 lost contact with another process at step 3 (Timed out waiting 250ms"), line
     assert ": no answer within --collective-timeout 0.25 s); it stopped without saving; kept: x.pt" in line, line
+    # The timeout closes every pair of the group: another pending operation of the same process (DDP's
+    # buffer broadcast in forward, seen in CI) fails with gloo's second message, which is the same loss.
+    closure = RuntimeError("[../gloo/transport/tcp/pair.cc:599] Application timeout caused pair closure")
+    assert is_collective_failure(closure)
+    line = str(process_lost(context, closure, "at step 3"))
+    assert line == ("process 0 of 2 lost contact with another process at step 3 (Application timeout caused pair "
+                    "closure: no answer within --collective-timeout 0.25 s); it stopped without saving"), line

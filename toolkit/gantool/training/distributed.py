@@ -189,7 +189,11 @@ def sync_batchnorm_supported(device: torch.device) -> bool:
 
 # What gloo and NCCL say when a peer is gone; torch raises some of these as plain RuntimeError
 # (gloo's "Connection closed by peer" in torch 2.13), others as torch.distributed.DistError.
-_PEER_GONE = ("gloo", "nccl", "connection closed by peer", "connection reset by peer", "broken pipe")
+# When one receive times out, gloo closes every pair of the group and the process's other
+# pending operations (DDP's buffer broadcast, say) fail with "Application timeout caused pair
+# closure" (gloo/transport/tcp/unbound_buffer.cc), without the word "gloo".
+_PEER_GONE = ("gloo", "nccl", "connection closed by peer", "connection reset by peer", "broken pipe", "pair closure")
+_TIMED_OUT = ("timed out", "timeout caused")
 
 
 def is_collective_failure(error: BaseException) -> bool:
@@ -207,7 +211,7 @@ def process_lost(dist: DistributedContext, error: BaseException, where: str, kep
     if cause.startswith("[") and "] " in cause:  # "[/.../gloo/transport/tcp/pair.cc:553] Connection closed ..."
         cause = cause.split("] ", 1)[1]
     cause = cause.split(". ", 1)[0].rstrip(".")
-    if "timed out" in cause.lower():  # gloo: "Timed out waiting 5000ms for recv operation to complete"
+    if any(mark in cause.lower() for mark in _TIMED_OUT):  # gloo: "Timed out waiting 5000ms for recv ..."
         cause += f": no answer within --collective-timeout {dist.collective_timeout:g} s"
     return ProcessLostError(
         f"process {dist.rank} of {dist.world_size} lost contact with another process {where} ({cause}); "
