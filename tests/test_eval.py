@@ -315,3 +315,27 @@ def test_the_grid_is_written_in_the_format_its_name_says(exported_model, image_f
     result = runner.invoke(cli, [*base, "--grid", str(tmp_path / "out.gif")])  # refused before any work
     assert result.exit_code == 1 and "--grid" in result.output and "the suffix picks the format" in result.output
     assert not (tmp_path / "out.gif").exists()
+
+
+def test_the_model_cards_eval_script_tabulates_evaluate_per_seed(
+    exported_model, image_folder: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+):
+    """examples/eval_default.py (the model card's tables): each seed's cell is evaluate()'s mean hole
+    PSNR for that seed, and the margin line is the blended row minus Telea's, seed by seed."""
+    import runpy
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "eval_default.py"
+    argv = [str(script), str(exported_model.onnx), "--data", str(image_folder), "--seeds", "0", "1",
+            "--masks-per-image", "2", "--sizes", "32", "--masks", "box"]
+    monkeypatch.setattr(sys, "argv", argv)
+    runpy.run_path(str(script), run_name="__main__")
+    printed = capsys.readouterr().out
+    expected = [evaluate(exported_model.onnx, image_folder, masks="box", size=32, seed=seed, masks_per_image=2)
+                for seed in (0, 1)]
+    telea = [r.mean("telea", "psnr_hole") for r in expected]
+    blended = [r.mean("gantool_poisson", "psnr_hole") for r in expected]
+    assert f"| OpenCV Telea | {telea[0]:.2f} | {telea[1]:.2f} | {(telea[0] + telea[1]) / 2:.2f} |" in printed, printed
+    margins = ", ".join(f"{b - t:+.2f}" for b, t in zip(blended, telea))
+    assert f"minus OpenCV Telea: mean {(blended[0] + blended[1] - telea[0] - telea[1]) / 2:+.2f} dB (per seed {margins})" \
+        in printed, printed
+    assert "**32 px, box holes**" in printed and "free-form" not in printed
