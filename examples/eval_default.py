@@ -30,23 +30,31 @@ def main() -> None:
     for size, masks in [(size, masks) for size in args.sizes for masks in args.masks]:
         psnr: dict[str, list[float]] = {}
         for seed in args.seeds:
-            result = evaluate(args.model, args.data, masks=masks, size=size, seed=seed,
-                              masks_per_image=args.masks_per_image)
+            result = evaluate(
+                args.model, args.data, masks=masks, size=size, seed=seed, masks_per_image=args.masks_per_image
+            )
             for method in result.methods:
                 psnr.setdefault(method, []).append(result.mean(method, "psnr_hole"))
         seeds = " | ".join(f"seed {s}" for s in args.seeds)
-        print(f"\n**{size} px, {'box holes' if masks == 'box' else 'free-form strokes'}** "
-              f"(`--size {size} --masks {masks} --masks-per-image {args.masks_per_image}`), hole PSNR (dB):\n")
+        print(
+            f"\n**{size} px, {'box holes' if masks == 'box' else 'free-form strokes'}** "
+            f"(`--size {size} --masks {masks} --masks-per-image {args.masks_per_image}`), hole PSNR (dB):\n"
+        )
         print(f"| method | {seeds} | mean | range |")
         print("|---|" + "---|" * (len(args.seeds) + 2))
         for method, values in psnr.items():
             cells = " | ".join(f"{v:.2f}" for v in values)
-            print(f"| {METHOD_NAMES.get(method, method)} | {cells} | {statistics.fmean(values):.2f} | "
-                  f"{min(values):.2f}-{max(values):.2f} |")
+            print(
+                f"| {METHOD_NAMES.get(method, method)} | {cells} | {statistics.fmean(values):.2f} | "
+                f"{min(values):.2f}-{max(values):.2f} |"
+            )
         for rival in ("telea", "ns"):
             margins = [a - b for a, b in zip(psnr[DEFAULT_ROW], psnr[rival])]
-            print(f"\n{METHOD_NAMES[DEFAULT_ROW]} minus {METHOD_NAMES[rival]}: mean {statistics.fmean(margins):+.2f} dB "
-                  f"(per seed {', '.join(f'{m:+.2f}' for m in margins)})", end="")
+            print(
+                f"\n{METHOD_NAMES[DEFAULT_ROW]} minus {METHOD_NAMES[rival]}: mean {statistics.fmean(margins):+.2f} dB "
+                f"(per seed {', '.join(f'{m:+.2f}' for m in margins)})",
+                end="",
+            )
         print()
 
 
