@@ -91,7 +91,7 @@ from gantool.export.formats import (
     export_torchscript,
     scratch_space_in,
 )
-from gantool.export.parity import ParityCase, check_prefer, failures, report_to_json
+from gantool.export.parity import ParityCase, check_prefer, failures, mark_advisory, report_to_json
 from gantool.export.provenance import find_machine_traces, redact_paths
 from gantool.export.quantize import calibration_batch, check_calib_folder, quantize_int8
 from gantool.export.verify import MIN_BF16_PSNR as MIN_BF16_PSNR  # re-exported for the benchmarks
@@ -294,6 +294,7 @@ def export_generator(
         if verify:
             built_for = written.metadata_of.get("aoti", {}).get(META_AOTI_DEVICE, "cpu")
             report, notes = verify_exports(generator, folded, tmp, atol, cuda, cases, int8_min_psnr, built_for)
+            notes += mark_advisory(report, () if prefer == "bf16" else ("bf16",))  # no bf16 file is written
             if not report["passed"]:
                 problems = failures(report)
                 raise ParityError(f"parity check failed: {problems[0]}", report)
