@@ -21,6 +21,7 @@ import gantool.training.loop as train_module
 from gantool.nn.losses import discriminator_loss
 from gantool.nn.networks import crop_local
 from gantool.training.checkpoint import load_checkpoint
+from gantool.core.cpu import onednn_bf16_capped
 from gantool.training.loop import amp_supported, autocast_for, cpu_has_native_bf16, generator_step, train, train_step
 from tiny import build_optimizers, params, same, tiny_batch, tiny_networks, tiny_train_config
 
@@ -56,9 +57,33 @@ def train_losses(history: list[dict]) -> list[dict[str, float]]:
                     reason="reads x86 CPU flags from /proc/cpuinfo")
 def test_cpu_bf16_detection_matches_the_cpu_flags():
     flags = cpu_flags()
-    native = bool(flags & {"avx512_bf16", "amx_bf16"})
+    native = bool(flags & {"avx512_bf16", "amx_bf16"}) and not onednn_bf16_capped()  # CI's AVX2 rerun caps it
     assert amp_supported(CPU) == native
     assert cpu_has_native_bf16() == native
+
+
+def test_onednn_capped_below_bf16_is_an_older_cpu(monkeypatch):
+    """ONEDNN_MAX_CPU_ISA=AVX2 (CI's rerun on the kernels of an older CPU) on a CPU with AMX: OpenVINO
+    still lists BF16 but cannot compile a bf16 model ("could not create a primitive descriptor for the
+    deconvolution"), and torch's bf16 convolutions run emulated. Neither may count as native then."""
+    from gantool.runtime import openvino
+
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
+    hardware = cpu_has_native_bf16(), openvino.openvino_available() and openvino.bf16_native()
+    for name, value in (("ONEDNN_MAX_CPU_ISA", "AVX2"), ("ONEDNN_MAX_CPU_ISA", "avx512_core_vnni"),
+                        ("DNNL_MAX_CPU_ISA", "AVX2")):  # fmt: skip
+        monkeypatch.setenv(name, value)
+        assert onednn_bf16_capped() and not cpu_has_native_bf16() and not amp_supported(CPU), (name, value)
+        assert not (openvino.openvino_available() and openvino.bf16_native())
+        monkeypatch.delenv(name)
+    for value in ("AVX512_CORE_BF16", "AVX512_CORE_AMX", "ALL", ""):  # at or above bf16: the hardware decides
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", value)
+        assert not onednn_bf16_capped(), value
+        assert (cpu_has_native_bf16(), openvino.openvino_available() and openvino.bf16_native()) == hardware
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
+    monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX2")
+    assert not onednn_bf16_capped()  # oneDNN reads ONEDNN_ first
 
 
 def test_avx512_without_bf16_is_not_native_bf16(monkeypatch, tmp_path):
@@ -68,6 +93,7 @@ def test_avx512_without_bf16_is_not_native_bf16(monkeypatch, tmp_path):
     import gantool.training.build as build_module  # where the CPU probe lives since the loop's split
 
     monkeypatch.setattr(build_module, "CPUINFO", fake_cpuinfo)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)  # CI's AVX2 rerun caps oneDNN below bf16
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
     assert not cpu_has_native_bf16()

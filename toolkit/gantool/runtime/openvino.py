@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from gantool.core.cpu import onednn_bf16_capped
 from gantool.core.errors import ModelError, first_line
 
 OV_DEVICE = "CPU"
@@ -58,8 +59,9 @@ def cpu_capabilities() -> list[str]:
 
 
 def bf16_native() -> bool:
-    """Whether OpenVINO runs bf16 natively on this CPU (AVX512-BF16 or AMX)."""
-    return "BF16" in cpu_capabilities()
+    """Whether OpenVINO runs bf16 natively on this CPU (AVX512-BF16 or AMX) in this process: its
+    capabilities still list BF16 when ``ONEDNN_MAX_CPU_ISA`` caps it below, where a bf16 compile fails."""
+    return not onednn_bf16_capped() and "BF16" in cpu_capabilities()
 
 
 def compile_config(precision: str) -> dict[str, str]:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from gantool.core.config import ModelConfig, TrainConfig
+from gantool.core.cpu import onednn_bf16_capped
 from gantool.core.errors import CheckpointError, InputError, first_line
 from gantool.nn.networks import CompletionNetwork, ContextDiscriminator
 from gantool.training.distributed import DistributedContext, sync_batchnorm_supported
@@ -43,7 +44,10 @@ CPUINFO = Path("/proc/cpuinfo")
 
 
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU does bf16 arithmetic in hardware (AVX512-BF16, AMX or Arm BF16)."""
+    """Whether this CPU does bf16 arithmetic in hardware (AVX512-BF16, AMX or Arm BF16), and this
+    process lets oneDNN use it (not capped below by ``ONEDNN_MAX_CPU_ISA``: then it is an older CPU)."""
+    if onednn_bf16_capped():
+        return False
     probes = [getattr(torch.cpu, name, None) for name in _CPU_BF16_PROBES]
     if any(probe is not None and probe() for probe in probes):
         return True
