@@ -319,3 +319,53 @@ def test_one_crop_bound_alone_takes_the_other_from_the_defaults():
     assert TrainConfig().scale_range() is None  # the older draw: runs made before resume bitwise
     assert TrainConfig(scale_min=2.0).scale_range() == (2.0, 64.0)
     assert TrainConfig(scale_max=3.0).scale_range() == (1.0, 3.0)
+
+
+def test_channel_shuffle_permutes_or_greys_each_crop_and_keeps_the_holes(tmp_path):
+    """--channel-shuffle: each crop's channels in one of the 6 orders, or (one in 8) grey luma; the
+    crop and the hole are those of the same key without it, and a key always gives the same sample."""
+    from gantool.training.data import GREY_SHARE, LUMA_WEIGHTS, shuffle_channels
+
+    image = (np.random.default_rng(0).random((3, 8, 8)) * np.array([0.2, 0.5, 1.0])[:, None, None]).astype(np.float32)
+    orders, greys, draws = set(), 0, 480
+    for seed in range(draws):
+        out = shuffle_channels(image, np.random.default_rng(seed))
+        order = [next((j for j in range(3) if np.array_equal(out[i], image[j])), None) for i in range(3)]
+        if None in order:
+            np.testing.assert_array_equal(out, np.broadcast_to(np.tensordot(LUMA_WEIGHTS, image, axes=1), image.shape))
+            greys += 1
+        else:
+            assert sorted(order) == [0, 1, 2]
+            orders.add(tuple(order))
+    assert len(orders) == 6
+    expected, spread = draws / GREY_SHARE, 4 * (draws / GREY_SHARE * (1 - 1 / GREY_SHARE)) ** 0.5  # 4 sigma
+    assert abs(greys - expected) < spread, greys
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    _noise_photo(folder / "a.png")
+    plain = InpaintingDataset(ImageFolderSource(folder), 32, 16, "mixed")
+    shuffled = InpaintingDataset(ImageFolderSource(folder), 32, 16, "mixed", channel_shuffle=True)
+    for key in [(0, s) for s in range(12)]:
+        (img, mask, corner), (shuf, shuf_mask, shuf_corner) = plain[key], shuffled[key]
+        assert torch.equal(mask, shuf_mask) and torch.equal(corner, shuf_corner)
+        permuted = any(torch.equal(shuf, img[list(p)]) for p in [(0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0),
+                                                                 (2, 0, 1), (2, 1, 0)])  # fmt: skip
+        grey = torch.equal(shuf, torch.from_numpy(np.tensordot(LUMA_WEIGHTS, img.numpy(), axes=1)).expand(3, -1, -1))
+        assert permuted or grey
+        assert all(torch.equal(a, b) for a, b in zip(shuffled[key], (shuf, shuf_mask, shuf_corner)))
+
+
+def test_the_fill_of_a_channel_shuffled_run_is_the_grey_its_network_sees(tmp_path):
+    from gantool.training.data import GREY_SHARE, LUMA_WEIGHTS, estimate_fill
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    green = np.zeros((40, 60, 3), np.uint8)
+    green[..., 1], green[..., 0] = 200, 40
+    Image.fromarray(green).save(folder / "green.png")
+    source = ImageFolderSource(folder)
+    plain = np.array(estimate_fill(source, 32))
+    np.testing.assert_allclose(plain, [40 / 255, 200 / 255, 0], atol=1e-6)
+    grey = estimate_fill(source, 32, channel_shuffle=True)
+    value = (1 - 1 / GREY_SHARE) * plain.mean() + float(LUMA_WEIGHTS @ plain) / GREY_SHARE
+    assert grey == pytest.approx((value, value, value), abs=1e-6)

@@ -93,11 +93,13 @@ def test_multi_scale_crops_of_a_photo_folder_are_recorded_and_resume_bitwise(tmp
         noise = np.random.default_rng(i).integers(0, 256, (90, 120, 3), dtype=np.uint8)
         Image.fromarray(noise).save(data / f"p{i}.png")
     common = ["--data", str(data), *TINY_ARGS, "--scale-min", "1.5", "--scale-max", "2.5", "--val-images", "1",
-              "--steps-g", "2", "--steps-d", "1", "--steps-joint", "1", "--checkpoint-every", "2"]
+              "--steps-g", "2", "--steps-d", "1", "--steps-joint", "1", "--checkpoint-every", "2", "--channel-shuffle"]
     straight = run_cli("train", *common, "--out", str(tmp_path / "a"))
     assert straight.exit_code == 0, straight.output
     recorded = read_toml(tmp_path / "a" / "config.toml")
-    assert (recorded["scale_min"], recorded["scale_max"]) == (1.5, 2.5)
+    assert (recorded["scale_min"], recorded["scale_max"], recorded["channel_shuffle"]) == (1.5, 2.5, True)
+    fill = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.pt")["model_config"]["fill"]
+    assert fill[0] == fill[1] == fill[2]  # shuffled channels: the mean pixel the network sees is a grey
     half = train(TrainConfig.from_dict({**recorded, "out": str(tmp_path / "b")}), stop_after=2, progress=False)
     resumed = train({}, resume=half.last_checkpoint, progress=False)
     a, b = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.pt"), load_checkpoint(resumed.last_checkpoint)

@@ -101,6 +101,11 @@ class OneLineErrors(click.Command):
 @config_option(
     "scale_max", "Largest crop window in multiples of --size (64 if only --scale-min is set).", show="off", type=float
 )
+@flag_option(
+    "channel_shuffle",
+    "Shuffle each crop's RGB channels at random and make one in 8 grey, so mostly green (or any one-colour) "
+    "data teaches no colour cast.",
+)
 @config_option("seed", "Seed for weights, data order, crops and masks.", type=int)
 @config_option("device", "auto, cpu, cuda or cuda:N.")
 @flag_option("amp", "bf16 autocast (auto: on for CUDA and CPUs with native bf16).", show="auto")

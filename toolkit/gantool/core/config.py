@@ -125,6 +125,10 @@ class TrainConfig:
     # and the image's own (the behaviour before these keys existed, so older runs resume bitwise).
     scale_min: float | None = None
     scale_max: float | None = None
+    # Shuffle each training crop's RGB channels at random (and make one in GREY_SHARE grey): a folder
+    # of mostly green photographs otherwise teaches the network a green prior, which it paints into
+    # the holes of grey or red pictures (a colour cast). Off: the crops as they are (older runs).
+    channel_shuffle: bool = False
     seed: int = 0
     device: str = "auto"
     # None ("auto"): bf16 autocast on CUDA and on CPUs with native bf16 (AVX512-BF16, AMX, Arm BF16),
@@ -240,6 +244,7 @@ FIELD_RULES: dict[str, tuple[str, float | None, float | None]] = {
     "hole_max": ("int?", 1, 8192),
     "scale_min": ("float?", 1, MAX_CROP_SCALE),
     "scale_max": ("float?", 1, MAX_CROP_SCALE),
+    "channel_shuffle": ("bool", None, None),
     "seed": ("int", 0, 2**32 - 1),
     "device": ("str", None, None),
     "amp": ("bool?", None, None),

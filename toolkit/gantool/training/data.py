@@ -250,6 +250,19 @@ def check_data_unchanged(saved: Any, now: dict[str, Any], allowed: bool) -> None
     )
 
 
+def shuffle_channels(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``image`` (3 x H x W) with its channels in a random order, or, one time in GREY_SHARE, grey
+    (ITU-R BT.601 luma in all three): the colour statistics of the data no longer favour one hue."""
+    if rng.random() < 1.0 / GREY_SHARE:
+        luma = np.tensordot(LUMA_WEIGHTS, image, axes=1).astype(np.float32)
+        return np.ascontiguousarray(np.broadcast_to(luma, image.shape))
+    return np.ascontiguousarray(image[rng.permutation(3)])
+
+
+GREY_SHARE = 8  # one crop in 8 made grey by --channel-shuffle
+LUMA_WEIGHTS = np.array([0.299, 0.587, 0.114], np.float32)
+
+
 class InpaintingDataset(torch.utils.data.Dataset):
     """``dataset[(index, sample_seed)] -> (image 3xSxS, mask 1xSxS, corner (2,))``."""
 
@@ -260,9 +273,11 @@ class InpaintingDataset(torch.utils.data.Dataset):
         local_size: int,
         mask_kind: str = "box",
         hole_range: tuple[int, int] | None = None,
+        channel_shuffle: bool = False,
     ) -> None:
         self.source, self.size, self.local_size = source, size, local_size
         self.mask_kind, self.hole_range = mask_kind, hole_range
+        self.channel_shuffle = channel_shuffle
 
     def __len__(self) -> int:
         return len(self.source)
@@ -272,6 +287,8 @@ class InpaintingDataset(torch.utils.data.Dataset):
         rng = np.random.default_rng(sample_seed)
         image = self.source.load(index, self.size, rng)
         mask, corner = generate_mask(self.mask_kind, rng, self.size, self.local_size, self.hole_range)
+        if self.channel_shuffle:  # drawn last, and only when on: crops and holes stay what they were
+            image = shuffle_channels(image, rng)
         return torch.from_numpy(image), torch.from_numpy(mask[None]), torch.tensor(corner)
 
 
@@ -367,12 +384,17 @@ def validation_batch(
 
 
 def estimate_fill(
-    source: ImageFolderSource | SyntheticSource, size: int, limit: int = 64
+    source: ImageFolderSource | SyntheticSource, size: int, limit: int = 64, channel_shuffle: bool = False
 ) -> tuple[float, float, float]:
-    """The mean pixel over up to ``limit`` training images (GLCIC fills holes with it)."""
+    """The mean pixel over up to ``limit`` training images (GLCIC fills holes with it); with
+    ``channel_shuffle`` the mean the network sees, over :func:`shuffle_channels`' outcomes (a grey)."""
     n = min(limit, len(source))
     rng = np.random.default_rng(0)
     total = np.zeros(3, np.float64)
     for i in range(n):
         total += source.load(i, size, rng).mean(axis=(1, 2))
-    return tuple(float(v) for v in total / max(n, 1))  # type: ignore[return-value]
+    mean = total / max(n, 1)
+    if channel_shuffle:  # every permutation alike, one crop in GREY_SHARE grey
+        grey = 1.0 / GREY_SHARE
+        mean = np.full(3, (1 - grey) * mean.mean() + grey * float(LUMA_WEIGHTS @ mean))
+    return tuple(float(v) for v in mean)  # type: ignore[return-value]

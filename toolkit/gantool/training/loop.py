@@ -324,7 +324,11 @@ def _train(
     train_items = len(source) - held if cfg.data != "synthetic" else len(source)
     source.train_count = train_items  # a file that fails to decode is replaced by another training image
     val = validation_batch(source, cfg.val_images, cfg.size, cfg.local_size, cfg.mask, cfg.hole_range(), cfg.seed)
-    fill = tuple(state["model_config"]["fill"]) if state else (cfg.fill or estimate_fill(source, cfg.size))
+    fill = (
+        tuple(state["model_config"]["fill"])
+        if state
+        else (cfg.fill or estimate_fill(source, cfg.size, channel_shuffle=cfg.channel_shuffle))
+    )
     model_cfg, init = run_model(cfg, fill, state)
 
     nets = build_networks(model_cfg, cfg, device, dist)
@@ -344,7 +348,7 @@ def _train(
     # Each rank takes its contiguous share of the same step-indexed global batch
     # (the DistributedSampler role; exact on resume, independent of the rank count).
     sampler = StepBatchSampler(train_items, cfg.batch_size, cfg.seed, step, end, dist.rank, dist.world_size)
-    dataset = InpaintingDataset(source, cfg.size, cfg.local_size, cfg.mask, cfg.hole_range())
+    dataset = InpaintingDataset(source, cfg.size, cfg.local_size, cfg.mask, cfg.hole_range(), cfg.channel_shuffle)
     loader = torch.utils.data.DataLoader(
         dataset,
         batch_sampler=sampler,
