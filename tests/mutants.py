@@ -66,6 +66,22 @@ HOSTILE = "test_serve_hostile.py"
 MEMORY = "test_serve_memory.py"
 
 MUTANTS: list[Mutant] = [
+    # ---------------------------------------------------------------- training data
+    Mutant(
+        "channel_shuffle_not_passed_to_the_data",
+        "training/loop.py",
+        "cfg.hole_range(), cfg.channel_shuffle)",
+        "cfg.hole_range(), False)",
+        ("test_train.py::test_multi_scale_crops_of_a_photo_folder_are_recorded_and_resume_bitwise",),
+        why="--channel-shuffle recorded and its grey fill used, but the crops keep their colours",
+    ),
+    Mutant(
+        "channel_shuffle_never_grey",
+        "training/data.py",
+        "if rng.random() < 1.0 / GREY_SHARE:",
+        "if rng.random() < 0.0:",
+        ("test_networks_masks_data.py::test_channel_shuffle_permutes_or_greys_each_crop_and_keeps_the_holes",),
+    ),
     # ---------------------------------------------------------------- loss targets and weights
     Mutant(
         "g_adversarial_target_flipped",

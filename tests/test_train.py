@@ -111,6 +111,10 @@ def test_multi_scale_crops_of_a_photo_folder_are_recorded_and_resume_bitwise(tmp
     other = train(TrainConfig.from_dict({**plain, "out": str(tmp_path / "c")}), stop_after=2, progress=False)
     first = load_checkpoint(tmp_path / "a" / "checkpoints" / "step_2.pt")["generator"]
     assert any(not torch.equal(t, load_checkpoint(other.last_checkpoint)["generator"][k]) for k, t in first.items())
+    # and the shuffled colours too: the same fill without the shuffle trains other weights
+    unshuffled = {**recorded, "channel_shuffle": False, "fill": fill, "out": str(tmp_path / "d")}
+    other = train(TrainConfig.from_dict(unshuffled), stop_after=2, progress=False)
+    assert any(not torch.equal(t, load_checkpoint(other.last_checkpoint)["generator"][k]) for k, t in first.items())
 
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
