@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -113,12 +114,15 @@ def test_the_shipped_model_is_the_default():
 def test_model_card_documents_data_config_steps_time_and_evaluation():
     text = CARD.read_text(encoding="utf-8")
     script = _data_script()
-    assert not set(script.TRAIN_IMAGES) & set(script.HELDOUT_IMAGES), "held-out images must never be trained on"
-    for name in (*script.TRAIN_IMAGES, *script.HELDOUT_IMAGES):
+    trained = set(script.DEBIAN_PHOTOS) - set(script.DEBIAN_HELDOUT)
+    assert not trained & {*script.DEBIAN_HELDOUT, *script.HELDOUT_IMAGES}, "held-out images must never be trained on"
+    for name in (*script.DEBIAN_PHOTOS, *script.HELDOUT_IMAGES):
         assert name in text, f"the model card does not list {name}"
     config = json.loads(read_model_metadata(ONNX)["gantool.model_config"])
-    assert f"width = {config['width']}" in (REPO / "examples" / "default_model.toml").read_text()
-    for needle in ("examples/default_model.toml", "Wall time", "PSNR", "SSIM", "Telea", "Navier-Stokes", "Limitations"):
+    recipe = (REPO / "examples" / "default_photos.toml").read_text()
+    for key in ("width", "size", "local_size"):
+        assert re.search(rf"^{key} = {config[key]}\b", recipe, re.MULTILINE), key  # the recipe is the shipped model's
+    for needle in ("examples/default_photos.toml", "Wall time", "PSNR", "SSIM", "Telea", "Navier-Stokes", "Limitations"):
         assert needle in text, needle
     assert read_model_metadata(ONNX)["gantool.train_step"] in text  # the steps trained
 
@@ -185,3 +189,26 @@ def test_an_installed_wheel_finds_the_shipped_model(tmp_path: Path):
     assert proc.returncode == 0, proc.stderr
     folder, model = proc.stdout.split()
     assert Path(folder) == site / "gantool" / "models" and Path(model) == site / "gantool" / "models" / "generator.onnx"
+
+
+def test_the_readmes_before_after_picture_is_the_shipped_models_quickstart_output(tmp_path: Path):
+    """examples/quickstart.png (the README's picture) is [holes white | what the quickstart's first
+    command writes]: its right half against a fresh `gantool inpaint` with the shipped model, so a
+    new model without a new picture fails here. Within a level or so: other CPUs round differently."""
+    spec = importlib.util.spec_from_file_location("quickstart_figure", REPO / "examples" / "quickstart_figure.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    shipped = np.asarray(Image.open(REPO / "examples" / "quickstart.png").convert("RGB")).astype(int)
+    out = tmp_path / "out.png"
+    result = CliRunner().invoke(cli, ["inpaint", str(EXAMPLE_IMAGE), "--mask", str(EXAMPLE_MASK), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    written = np.asarray(Image.open(out)).astype(int)
+    fresh = np.asarray(script.before_after()).astype(int)
+    width = written.shape[1]
+    np.testing.assert_array_equal(fresh[:, -width:], written)  # the script's right half is the command's output
+    assert shipped.shape == fresh.shape and shipped.shape[1] == 2 * width + script.GAP
+    hole = np.asarray(Image.open(EXAMPLE_MASK).convert("L")) > 127
+    np.testing.assert_array_equal(shipped[:, :width][hole], 255)  # holes shown white
+    assert np.abs(shipped - fresh).mean() < 0.05 and np.abs(shipped - fresh).max() <= 8
+    assert "examples/quickstart.png" in (REPO / "README.md").read_text(encoding="utf-8")

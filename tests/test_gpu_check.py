@@ -92,6 +92,7 @@ def test_a_broken_interpreter_fails_every_stage_but_all_are_recorded(tmp_path, s
     assert summary["counts"]["fail"] == 4 and not summary["ok"]
 
 
+@pytest.mark.slow  # developer tooling (not gantool itself), and it waits out a 7 s budget
 def test_the_budget_stops_a_hung_stage_and_skips_the_rest(tmp_path, subprocess_env):
     hung = fake_python(tmp_path, "exec sleep 120")
     result, summary = run_check(tmp_path, subprocess_env, GPU_CHECK_PYTHON=hung, GPU_CHECK_BUDGET_S="7")

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -20,6 +22,7 @@ def copy_with_a_red_baseline(dest: Path) -> None:
         f.write("\n\ndef test_discriminator_loss_is_alpha_times_half_the_bce_sum():\n    assert 1 == 2, 'planted'\n")
 
 
+@pytest.mark.slow  # developer tooling (not gantool itself): pytest runs in copies of the tree
 def test_a_red_baseline_names_its_failing_tests(tmp_path):
     copy_with_a_red_baseline(tmp_path)
     done = subprocess.run(
@@ -49,6 +52,7 @@ def test_every_mutant_is_well_formed_and_its_snippet_and_tests_exist():
             assert (REPO / "tests" / node.split("::")[0]).is_file(), f"{m.name}: {node}"
 
 
+@pytest.mark.slow  # developer tooling (not gantool itself): pytest runs in copies of the tree
 def test_jobs_run_mutants_side_by_side_each_in_its_own_copy():
     # Four mutants of one file, two at a time: were the copies shared, one job's restore would
     # undo (or its edit leak into) the other's mutant, and one would survive.
@@ -64,6 +68,7 @@ def test_jobs_run_mutants_side_by_side_each_in_its_own_copy():
     assert "all 4 mutants caught" in done.stdout
 
 
+@pytest.mark.slow  # developer tooling (not gantool itself): pytest runs in copies of the tree
 def test_a_red_baseline_split_over_jobs_still_names_its_failing_tests(tmp_path):
     copy_with_a_red_baseline(tmp_path)
     # Two files, so each job's baseline chunk holds one of them; the planted failure is in one chunk.
