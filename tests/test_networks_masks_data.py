@@ -324,7 +324,8 @@ def test_one_crop_bound_alone_takes_the_other_from_the_defaults():
 def test_channel_shuffle_permutes_or_greys_each_crop_and_keeps_the_holes(tmp_path):
     """--channel-shuffle: each crop's channels in one of the 6 orders, or (one in 8) grey luma; the
     crop and the hole are those of the same key without it, and a key always gives the same sample."""
-    from gantool.training.data import GREY_SHARE, LUMA_WEIGHTS, shuffle_channels
+    from gantool.core.processing import LUMA_WEIGHTS
+    from gantool.training.data import GREY_SHARE, shuffle_channels
 
     image = (np.random.default_rng(0).random((3, 8, 8)) * np.array([0.2, 0.5, 1.0])[:, None, None]).astype(np.float32)
     orders, greys, draws = set(), 0, 480
@@ -356,7 +357,8 @@ def test_channel_shuffle_permutes_or_greys_each_crop_and_keeps_the_holes(tmp_pat
 
 
 def test_the_fill_of_a_channel_shuffled_run_is_the_grey_its_network_sees(tmp_path):
-    from gantool.training.data import GREY_SHARE, LUMA_WEIGHTS, estimate_fill
+    from gantool.core.processing import LUMA_WEIGHTS
+    from gantool.training.data import GREY_SHARE, estimate_fill
 
     folder = tmp_path / "photos"
     folder.mkdir()

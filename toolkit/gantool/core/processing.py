@@ -332,7 +332,7 @@ def to_uint8(image: np.ndarray) -> np.ndarray:
 
 _GREY_8BIT_MODES = ("L", "LA", "La", "1")
 # ITU-R 601-2 luma, the weights PIL uses for RGB -> L.
-_LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+LUMA_WEIGHTS = np.array([0.299, 0.587, 0.114], dtype=np.float32)
 
 
 def output_mode(img: Image.Image) -> str:
@@ -367,7 +367,7 @@ def float_to_output_array(image: np.ndarray, mode: str) -> np.ndarray:
     """float H x W x 3 RGB in [0, 1] -> the integer array of ``mode`` (see :func:`output_mode`)."""
     if mode == "RGB":
         return to_uint8(image)
-    grey = np.clip(image @ _LUMA, 0.0, 1.0)
+    grey = np.clip(image @ LUMA_WEIGHTS, 0.0, 1.0)
     if mode == "L":
         return np.rint(grey * 255.0).astype(np.uint8)
     if mode == "I;16":

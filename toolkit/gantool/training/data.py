@@ -20,7 +20,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from gantool.core.errors import InputError
-from gantool.core.processing import IMAGE_EXTENSIONS, image_to_array, read_image
+from gantool.core.processing import IMAGE_EXTENSIONS, LUMA_WEIGHTS, image_to_array, read_image
 from gantool.nn.masks import generate_mask
 
 log = logging.getLogger(__name__)
@@ -252,7 +252,7 @@ def check_data_unchanged(saved: Any, now: dict[str, Any], allowed: bool) -> None
 
 def shuffle_channels(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """``image`` (3 x H x W) with its channels in a random order, or, one time in GREY_SHARE, grey
-    (ITU-R BT.601 luma in all three): the colour statistics of the data no longer favour one hue."""
+    (:data:`~gantool.core.processing.LUMA_WEIGHTS` in all three): the colour statistics of the data no longer favour one hue."""
     if rng.random() < 1.0 / GREY_SHARE:
         luma = np.tensordot(LUMA_WEIGHTS, image, axes=1).astype(np.float32)
         return np.ascontiguousarray(np.broadcast_to(luma, image.shape))
@@ -260,7 +260,6 @@ def shuffle_channels(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 GREY_SHARE = 8  # one crop in 8 made grey by --channel-shuffle
-LUMA_WEIGHTS = np.array([0.299, 0.587, 0.114], np.float32)
 
 
 class InpaintingDataset(torch.utils.data.Dataset):
