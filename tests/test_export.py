@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -429,3 +430,33 @@ def test_build_metadata_is_strings_only():
     # gantool.prefer is added by export_generator (the --prefer option), not by build_metadata
     assert set(meta) == CONTRACT_KEYS - {"gantool.prefer"} and all(isinstance(v, str) for v in meta.values())
     assert meta["gantool.precision"] == "fp16" and meta["gantool.train_step"] == "3"
+
+
+def _push_pull_export(tmp_path: Path, **options):
+    config = dataclasses.replace(TINY_CONFIG, hole_fill="push-pull")
+    checkpoint = write_checkpoint(
+        tmp_path / "run" / "checkpoints" / "last.pt", briefly_trained_generator(config, seed=5), step=3, phase="joint"
+    )
+    result = export_generator(checkpoint, tmp_path / "export", **options)
+    assert result.report is not None and result.report["passed"], result.report
+    backends = result.report["backends"]
+    assert all(b["passed"] or b.get("advisory") for b in backends.values()), backends
+    return result
+
+
+def test_a_push_pull_generator_carries_its_fill_inside_the_onnx_graph(tmp_path):
+    """The push-pull fill (Pad, AveragePool, Resize, Where on dynamic shapes) is in the file: it
+    passes the parity sweep (ONNX Runtime, and OpenVINO where installed), whose sizes differ."""
+    result = _push_pull_export(tmp_path, formats=["onnx"])
+    meta = json.loads(read_model_metadata(result.paths["onnx"])["gantool.model_config"])
+    assert meta["hole_fill"] == "push-pull"
+    ops = {node.op_type for node in onnx.load(result.paths["onnx"]).graph.node}
+    assert {"AveragePool", "Resize", "Where"} <= ops  # the fill is in the graph, not left to the caller
+    info = invoke("info", result.paths["onnx"])
+    assert "push-pull hole fill (fill 0.5000, 0.5000, 0.5000 where no pixel is known)" in info.output, info.output
+
+
+@pytest.mark.slow  # about 30 s on 2 cores: four more exports and their sweeps
+def test_a_push_pull_generator_exports_with_parity_in_every_cpu_format(tmp_path):
+    result = _push_pull_export(tmp_path, formats=["onnx", "torchscript", "pt2"], fp16=True, int8=True)
+    assert {"onnx", "onnx_fp16", "onnx_int8", "pt2", "torchscript"} <= set(result.paths)

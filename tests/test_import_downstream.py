@@ -188,6 +188,7 @@ EXPECTED_ARCHITECTURE = {
     "block_order": "conv-relu-bn",
     "conv_bias": True,
     "fill": MPV,
+    "hole_fill": "mean-pixel",
     "train_size": SIZE,
     "local_size": LOCAL,
     "imported": True,

@@ -12,11 +12,14 @@ from gantool.core.errors import InputError
 from gantool.core.processing import image_to_array, read_image
 from gantool.nn.masks import box_mask, free_form_mask, generate_mask, hole_window
 from gantool.nn.networks import (
+    PUSH_PULL_LEVELS,
     CompletionNetwork,
     ContextDiscriminator,
     count_parameters,
     fold_batchnorm,
+    hole_input,
     num_downsamples,
+    push_pull_fill,
 )
 from gantool.core.config import TrainConfig
 from gantool.training.data import (
@@ -27,6 +30,7 @@ from gantool.training.data import (
     random_crop_resize,
     random_scaled_crop,
 )
+from conftest import briefly_trained_generator
 from numerics import assert_fp32_close, conv_fan_in
 from tiny import TINY_MODEL
 
@@ -371,3 +375,79 @@ def test_the_fill_of_a_channel_shuffled_run_is_the_grey_its_network_sees(tmp_pat
     grey = estimate_fill(source, 32, channel_shuffle=True)
     value = (1 - 1 / GREY_SHARE) * plain.mean() + float(LUMA_WEIGHTS @ plain) / GREY_SHARE
     assert grey == pytest.approx((value, value, value), abs=1e-6)
+
+
+# ------------------------------------------------------------------ the push-pull hole fill
+
+
+def _two_holes(height: int = 44, width: int = 36) -> torch.Tensor:
+    mask = torch.zeros(2, 1, height, width)
+    mask[0, :, 5:30, 4:20] = 1
+    mask[1, :, 20:, 10:] = 1  # touches the bottom and right borders
+    return mask
+
+
+def test_push_pull_fill_keeps_known_pixels_and_fills_holes_with_a_mix_of_known_ones():
+    image = torch.rand(2, 3, 44, 36, generator=torch.Generator().manual_seed(0))
+    mask = _two_holes()
+    known = 1 - mask
+    fill = push_pull_fill(image, known, torch.tensor([0.1, 0.2, 0.3]).view(1, 3, 1, 1))
+    assert fill.shape == image.shape and fill.dtype == image.dtype
+    assert torch.equal(fill * known, image * known)  # a cell of one known pixel is that pixel
+    for n in range(2):  # every hole value is a weighted mean of known values: inside their range
+        seen = image[n][:, known[n, 0] > 0]
+        filled = fill[n][:, mask[n, 0] > 0]
+        eps = torch.finfo(torch.float32).eps * PUSH_PULL_LEVELS
+        assert (filled >= seen.min(dim=1, keepdim=True).values - eps).all()
+        assert (filled <= seen.max(dim=1, keepdim=True).values + eps).all()
+
+
+def test_push_pull_fill_takes_each_holes_own_surroundings():
+    image = torch.zeros(1, 3, 32, 48)
+    image[:, 0, :, :24] = 1.0  # left half red, right half blue
+    image[:, 2, :, 24:] = 1.0
+    mask = torch.zeros(1, 1, 32, 48)
+    mask[..., 8:24, 12:36] = 1
+    fill = push_pull_fill(image, 1 - mask, torch.full((1, 3, 1, 1), 0.5))
+    red, blue = fill[0, 0, 16], fill[0, 2, 16]
+    assert red[12] > 0.75 and blue[12] < 0.25  # the hole's left edge is red, its right edge blue
+    assert red[35] < 0.25 and blue[35] > 0.75
+    assert bool((red[12:36].diff() <= 1e-6).all())  # and it fades across
+    assert float(fill[0, 1].abs().max()) == 0.0  # no green appears: no channel is invented
+    constant = torch.full((1, 3, 32, 48), 0.3)
+    tol = torch.finfo(torch.float32).eps * PUSH_PULL_LEVELS * 2
+    assert float((push_pull_fill(constant, 1 - mask, torch.zeros(1, 3, 1, 1)) - 0.3).abs().max()) <= tol
+
+
+def test_push_pull_fill_without_known_pixels_is_the_fill_colour():
+    image = torch.rand(2, 3, 20, 28)
+    default = torch.tensor([0.25, 0.5, 0.75]).view(1, 3, 1, 1)
+    fill = push_pull_fill(image, torch.zeros(2, 1, 20, 28), default)
+    # bilinear upsampling of a constant: weights summing to 1, so float32 rounding per level at most
+    tol = torch.finfo(torch.float32).eps * PUSH_PULL_LEVELS
+    assert float((fill - default).abs().max()) <= tol
+
+
+def test_a_push_pull_generator_sees_the_surroundings_and_keeps_known_pixels():
+    config = ModelConfig(**TINY_MODEL, hole_fill="push-pull")
+    generator = briefly_trained_generator(config, seed=2)  # random BN statistics give a flat output
+    image, mask = torch.rand(2, 3, 44, 36), _two_holes()
+    fill = push_pull_fill(image, 1 - mask, generator.fill)
+    expected = torch.cat([image * (1 - mask) + fill * mask, mask], dim=1)
+    assert torch.equal(hole_input(image, mask, generator.fill, config.hole_fill), expected)
+    with torch.no_grad():
+        out = generator(image, mask)
+        mean_pixel = CompletionNetwork(ModelConfig(**TINY_MODEL)).eval()
+        mean_pixel.load_state_dict(generator.state_dict())
+        other = mean_pixel(image, mask)
+    assert torch.equal(out * (1 - mask), image * (1 - mask))
+    assert not torch.equal(out, other)  # the same weights see another input
+
+
+def test_hole_fill_is_checked_in_the_model_config():
+    with pytest.raises(InputError, match="hole_fill = 'blur': expected one of mean-pixel, push-pull"):
+        ModelConfig(**TINY_MODEL, hole_fill="blur").validate()
+    with pytest.raises(InputError, match="hole_fill"):
+        TrainConfig(**TINY_MODEL, hole_fill="blur").validate()
+    assert ModelConfig.from_dict({**ModelConfig(**TINY_MODEL).to_dict(), "hole_fill": "push-pull"}).hole_fill == "push-pull"
+    assert ModelConfig.from_dict({"width": 4}).hole_fill == "mean-pixel"  # files from before the option

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from gantool.core.constants import BLOCK_ORDERS
+from gantool.core.constants import BLOCK_ORDERS, HOLE_FILLS
 from gantool.core.errors import GantoolError, ModelError
 from gantool.export.provenance import find_machine_traces
 
@@ -23,10 +23,12 @@ def architecture_line(arch: dict[str, Any]) -> str:
     glcic = arch["block_order"] == BLOCK_ORDERS[1]
     order = "conv -> ReLU -> BN" if glcic else "conv -> BN -> ReLU"
     bias = "with" if arch["conv_bias"] else "without"
-    fill = ", ".join(f"{v:.4f}" for v in arch["fill"])
+    fill = "fill " + ", ".join(f"{v:.4f}" for v in arch["fill"])
+    if arch.get("hole_fill", HOLE_FILLS[0]) != HOLE_FILLS[0]:  # older files carry no hole_fill: the mean pixel
+        fill = f"{arch['hole_fill']} hole fill ({fill} where no pixel is known)"
     return (
         f"architecture: width {arch['width']}, {order} blocks {bias} conv biases "
-        f"({'GLCIC-PyTorch' if glcic else 'gantool'}'s), fill {fill}, "
+        f"({'GLCIC-PyTorch' if glcic else 'gantool'}'s), {fill}, "
         f"training size {arch['train_size']} px (local {arch['local_size']} px)"
         + ("; imported" if arch["imported"] else "")
     )

@@ -17,7 +17,7 @@ import click
 from gantool.cli import exit_stopped
 from gantool.cli.options import explicit_options
 from gantool.core.config import TrainConfig
-from gantool.core.constants import MASK_KINDS
+from gantool.core.constants import HOLE_FILLS, MASK_KINDS
 from gantool.core.errors import ProcessLostError
 from gantool.training.launch import LAUNCHER_ENV
 
@@ -105,6 +105,12 @@ class OneLineErrors(click.Command):
     "channel_shuffle",
     "Shuffle each crop's RGB channels at random and make one in 8 grey, so mostly green (or any one-colour) "
     "data teaches no colour cast.",
+)
+@config_option(
+    "hole_fill",
+    "What the generator's input has in its holes: the data's mean pixel (GLCIC) or the surroundings' colours "
+    "(a push-pull pyramid fill).",
+    type=click.Choice(HOLE_FILLS),
 )
 @config_option("seed", "Seed for weights, data order, crops and masks.", type=int)
 @config_option("device", "auto, cpu, cuda or cuda:N.")

@@ -21,7 +21,13 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 import tomli_w
 
-from gantool.core.constants import BLOCK_ORDERS, DEFAULT_COLLECTIVE_TIMEOUT_S, MASK_KINDS, MAX_COLLECTIVE_TIMEOUT_S
+from gantool.core.constants import (
+    BLOCK_ORDERS,
+    DEFAULT_COLLECTIVE_TIMEOUT_S,
+    HOLE_FILLS,
+    MASK_KINDS,
+    MAX_COLLECTIVE_TIMEOUT_S,
+)
 from gantool.core.errors import InputError, first_line
 
 # Two stride-2 convolutions down, two stride-2 transposed convolutions up.
@@ -38,6 +44,9 @@ class ModelConfig:
     size: int = 160  # training image size (global discriminator input)
     local_size: int = 96  # local discriminator crop
     fill: tuple[float, float, float] = (0.5, 0.5, 0.5)  # mean pixel written into holes
+    # "mean-pixel": holes get ``fill`` (GLCIC); "push-pull": each hole gets its surroundings'
+    # colours, ``fill`` only where an image has no known pixel at all.
+    hole_fill: str = HOLE_FILLS[0]
     # The architecture variant. gantool trains conv -> BN -> ReLU without conv biases;
     # GLCIC-PyTorch's models (gantool import) are conv (with bias) -> ReLU -> BN.
     block_order: str = BLOCK_ORDERS[0]
@@ -64,6 +73,8 @@ class ModelConfig:
             raise InputError("fill must be three values in [0, 1]")
         if self.block_order not in BLOCK_ORDERS:
             raise InputError(f"block_order = {self.block_order!r}: expected one of {', '.join(BLOCK_ORDERS)}")
+        if self.hole_fill not in HOLE_FILLS:
+            raise InputError(f"hole_fill = {self.hole_fill!r}: expected one of {', '.join(HOLE_FILLS)}")
         for name in ("disc_local_convs", "disc_global_convs"):
             if not 0 <= getattr(self, name) <= 12:
                 raise InputError(f"{name} must be 0 (from the size) to 12, got {getattr(self, name)}")
@@ -82,6 +93,7 @@ class ModelConfig:
             "block_order": self.block_order,
             "conv_bias": self.conv_bias,
             "fill": [float(v) for v in self.fill],
+            "hole_fill": self.hole_fill,
             "train_size": self.size,
             "local_size": self.local_size,
             "imported": imported,
@@ -129,6 +141,8 @@ class TrainConfig:
     # of mostly green photographs otherwise teaches the network a green prior, which it paints into
     # the holes of grey or red pictures (a colour cast). Off: the crops as they are (older runs).
     channel_shuffle: bool = False
+    # What the generator writes into its input's holes (ModelConfig.hole_fill; one of HOLE_FILLS).
+    hole_fill: str = HOLE_FILLS[0]
     seed: int = 0
     device: str = "auto"
     # None ("auto"): bf16 autocast on CUDA and on CPUs with native bf16 (AVX512-BF16, AMX, Arm BF16),
@@ -164,6 +178,7 @@ class TrainConfig:
             size=self.size,
             local_size=self.local_size,
             fill=(red, green, blue),
+            hole_fill=self.hole_fill,
         ).validate()
 
     def validate(self) -> TrainConfig:
@@ -245,6 +260,7 @@ FIELD_RULES: dict[str, tuple[str, float | None, float | None]] = {
     "scale_min": ("float?", 1, MAX_CROP_SCALE),
     "scale_max": ("float?", 1, MAX_CROP_SCALE),
     "channel_shuffle": ("bool", None, None),
+    "hole_fill": ("str", None, None),
     "seed": ("int", 0, 2**32 - 1),
     "device": ("str", None, None),
     "amp": ("bool?", None, None),

@@ -58,6 +58,10 @@ STRATEGIES = ("auto", "full", "crop", "resize")
 # How a network block orders its BatchNorm and ReLU after each convolution (ModelConfig.block_order):
 # gantool's own "conv-bn-relu" (the BN folds into the conv), or GLCIC-PyTorch's "conv-relu-bn".
 BLOCK_ORDERS = ("conv-bn-relu", "conv-relu-bn")
+# What the generator writes into the holes of its input (ModelConfig.hole_fill, in the graph):
+# GLCIC's constant mean pixel, or a push-pull pyramid fill from each hole's surroundings
+# (gantool.nn.networks.push_pull_fill).
+HOLE_FILLS = ("mean-pixel", "push-pull")
 # Training / evaluation hole shapes (see gantool.nn.masks).
 MASK_KINDS = ("box", "free", "mixed")
 # Post-processing of the network's output (see gantool.core.processing.poisson_blend):

@@ -36,7 +36,7 @@ from gantool.core.artifacts import (
 )
 from gantool.core.errors import InputError, ModelError, first_line
 from gantool.export.provenance import strip_onnx_debug_info, strip_torchscript_debug_info
-from gantool.nn.networks import CompletionNetwork
+from gantool.nn.networks import CompletionNetwork, hole_input
 from gantool.runtime.providers import cpu_isa_flags
 
 logger = logging.getLogger(__name__)
@@ -54,13 +54,12 @@ class HalfPrecisionGenerator(nn.Module):
         super().__init__()
         self.body = copy.deepcopy(folded.body).half()
         self.register_buffer("fill", folded.fill.detach().clone().float())
+        self.hole_fill = folded.config.hole_fill
 
     def forward(self, image: Tensor, mask: Tensor) -> Tensor:
-        known = 1.0 - mask
         fill: Tensor = self.fill  # type: ignore[assignment]  # a registered buffer
-        filled = image * known + fill * mask
-        out = self.body(torch.cat([filled, mask], dim=1).half()).float()
-        return image * known + out * mask
+        out = self.body(hole_input(image, mask, fill, self.hole_fill).half()).float()
+        return image * (1.0 - mask) + out * mask
 
 
 @contextlib.contextmanager

@@ -16,13 +16,49 @@ from __future__ import annotations
 import copy
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from gantool.core.config import ModelConfig
-from gantool.core.constants import BLOCK_ORDERS
+from gantool.core.constants import BLOCK_ORDERS, HOLE_FILLS
 
 BN_FIRST, RELU_FIRST = BLOCK_ORDERS  # "conv-bn-relu" (gantool), "conv-relu-bn" (GLCIC-PyTorch)
+MEAN_PIXEL, PUSH_PULL = HOLE_FILLS
+# Levels of the push-pull pyramid: a hole up to about 2**PUSH_PULL_LEVELS px across still gets
+# its own surroundings' colours; a bigger one (or an image without known pixels) the mean pixel.
+PUSH_PULL_LEVELS = 10
+
+
+def push_pull_fill(image: Tensor, known: Tensor, default: Tensor, levels: int = PUSH_PULL_LEVELS) -> Tensor:
+    """Each pixel's colour from its nearest known surroundings (push-pull, Gortler et al. 1996).
+
+    Push: halve the known pixels (weighted by ``known``) and their weights ``levels`` times.
+    Pull: from the coarsest level down, a pixel with known pixels in its cell keeps their mean;
+    one without takes the bilinear upsampling of the coarser level. Where even the coarsest
+    cell is empty, ``default`` (N or 1 x 3 x 1 x 1). Every op exports (Pad, AveragePool, Resize,
+    Where); padded pixels have weight 0, so they change no mean.
+    """
+    values, weights = [image * known], [known]
+    for _ in range(levels):
+        # A zero row and column first: halving an odd side keeps its last pixel (in a cell of
+        # weight < 4), and a 1 px side stays 1 px (OpenVINO refuses a kernel larger than its input).
+        values.append(F.avg_pool2d(F.pad(values[-1], (0, 1, 0, 1)), 2))
+        weights.append(F.avg_pool2d(F.pad(weights[-1], (0, 1, 0, 1)), 2))
+    fill = torch.where(weights[-1] > 0, values[-1] / weights[-1].clamp_min(1e-12), default)
+    for value, weight in zip(reversed(values[:-1]), reversed(weights[:-1])):
+        coarser = F.interpolate(fill, size=value.shape[-2:], mode="bilinear", align_corners=False)
+        fill = torch.where(weight > 0, value / weight.clamp_min(1e-12), coarser)
+    return fill
+
+
+def hole_input(image: Tensor, mask: Tensor, fill: Tensor, hole_fill: str) -> Tensor:
+    """The generator's 4-channel input: ``image`` with its holes filled (``hole_fill``), then ``mask``."""
+    known = 1.0 - mask
+    fill = fill.to(image.dtype)
+    if hole_fill == PUSH_PULL:
+        fill = push_pull_fill(image, known, fill)
+    return torch.cat([image * known + fill * mask, mask], dim=1)
 
 
 def block(conv: nn.Module, cout: int, order: str = BN_FIRST) -> nn.Sequential:
@@ -59,7 +95,8 @@ class CompletionNetwork(nn.Module):
 
     ``forward(image, mask)`` takes float RGB in [0, 1] (N x 3 x H x W) and a
     mask (N x 1 x H x W, 1 = hole) and returns the completed image. The hole is
-    first filled with the data's mean pixel (``config.fill``); the network's
+    first filled (:func:`hole_input`: the data's mean pixel ``config.fill``, or
+    with ``config.hole_fill = "push-pull"`` the surroundings' colours); the network's
     output is composited inside forward, so known pixels come back exactly.
     H and W must be multiples of ``config.stride`` (4).
     """
@@ -95,10 +132,8 @@ class CompletionNetwork(nn.Module):
         self.register_buffer("fill", torch.tensor(config.fill, dtype=torch.float32).view(1, 3, 1, 1))
 
     def forward(self, image: Tensor, mask: Tensor) -> Tensor:
-        known = 1.0 - mask
-        x = image * known + self.fill.to(image.dtype) * mask
-        out = self.body(torch.cat([x, mask], dim=1)).to(image.dtype)
-        return image * known + out * mask
+        out = self.body(hole_input(image, mask, self.fill, self.config.hole_fill)).to(image.dtype)
+        return image * (1.0 - mask) + out * mask
 
 
 def num_downsamples(size: int) -> int:

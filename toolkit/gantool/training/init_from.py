@@ -24,7 +24,7 @@ from gantool.core.errors import CheckpointError, InputError, first_line
 from gantool.training.checkpoint import load_checkpoint, load_generator_weights
 
 # TrainConfig fields that are the model's: taken from the init checkpoint unless chosen (then they must agree).
-ADOPTED_KEYS = ("size", "local_size", "width", "disc_width", "disc_fc", "fill")
+ADOPTED_KEYS = ("size", "local_size", "width", "disc_width", "disc_fc", "fill", "hole_fill")
 # ModelConfig fields TrainConfig does not have: the architecture variant, always the checkpoint's.
 VARIANT_KEYS = ("block_order", "conv_bias", "disc_local_convs", "disc_global_convs")
 
