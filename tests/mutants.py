@@ -82,6 +82,21 @@ MUTANTS: list[Mutant] = [
         "if rng.random() < 0.0:",
         ("test_networks_masks_data.py::test_channel_shuffle_permutes_or_greys_each_crop_and_keeps_the_holes",),
     ),
+    Mutant(
+        "push_pull_fill_not_used",
+        "nn/networks.py",
+        "    if hole_fill == PUSH_PULL:\n",
+        "    if hole_fill == MEAN_PIXEL:\n",
+        ("test_networks_masks_data.py::test_a_push_pull_generator_sees_the_surroundings_and_keeps_known_pixels",),
+        why="--hole-fill push-pull recorded, but the network's holes hold the mean pixel",
+    ),
+    Mutant(
+        "push_pull_fill_forgets_the_fill_colour",
+        "nn/networks.py",
+        "fill = torch.where(weights[-1] > 0, values[-1] / weights[-1].clamp_min(1e-12), default)",
+        "fill = torch.where(weights[-1] > -1, values[-1] / weights[-1].clamp_min(1e-12), default)",
+        ("test_networks_masks_data.py::test_push_pull_fill_without_known_pixels_is_the_fill_colour",),
+    ),
     # ---------------------------------------------------------------- loss targets and weights
     Mutant(
         "g_adversarial_target_flipped",

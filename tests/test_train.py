@@ -117,6 +117,36 @@ def test_multi_scale_crops_of_a_photo_folder_are_recorded_and_resume_bitwise(tmp
     assert any(not torch.equal(t, load_checkpoint(other.last_checkpoint)["generator"][k]) for k, t in first.items())
 
 
+def test_hole_fill_is_recorded_kept_on_resume_and_adopted_by_init_from(tmp_path):
+    common = [*TINY_ARGS, "--steps-g", "2", "--steps-d", "1", "--steps-joint", "1", "--checkpoint-every", "2",
+              "--val-images", "2"]  # fmt: skip
+    result = run_cli("train", *common, "--hole-fill", "push-pull", "--out", str(tmp_path / "a"))
+    assert result.exit_code == 0, result.output
+    recorded = read_toml(tmp_path / "a" / "config.toml")
+    assert recorded["hole_fill"] == "push-pull"
+    final = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.pt")
+    assert final["model_config"]["hole_fill"] == "push-pull"
+    half = train(TrainConfig.from_dict({**recorded, "out": str(tmp_path / "b")}), stop_after=2, progress=False)
+    resumed = load_checkpoint(train({}, resume=half.last_checkpoint, progress=False).last_checkpoint)
+    assert resumed["model_config"] == final["model_config"]
+    for key, tensor in final["generator"].items():
+        assert torch.equal(tensor, resumed["generator"][key]), key
+    # the fill is part of the model: the same seed with the mean pixel trains other weights
+    other = train(TrainConfig.from_dict({**recorded, "hole_fill": "mean-pixel", "out": str(tmp_path / "c")}),
+                  stop_after=2, progress=False)  # fmt: skip
+    first = load_checkpoint(tmp_path / "a" / "checkpoints" / "step_2.pt")["generator"]
+    assert any(not torch.equal(t, load_checkpoint(other.last_checkpoint)["generator"][k]) for k, t in first.items())
+    # --init-from takes the checkpoint's fill, and refuses another one given explicitly
+    started = run_cli("train", *common, "--init-from", str(tmp_path / "a"), "--out", str(tmp_path / "d"))
+    assert started.exit_code == 0, started.output
+    assert load_checkpoint(tmp_path / "d" / "checkpoints" / "last.pt")["model_config"]["hole_fill"] == "push-pull"
+    clash = run_cli("train", *common, "--init-from", str(tmp_path / "a"), "--hole-fill", "mean-pixel",
+                    "--out", str(tmp_path / "e"))  # fmt: skip
+    assert_one_line_error(clash, "hole_fill (checkpoint: push-pull) differ")
+    assert_one_line_error(run_cli("train", *common, "--hole-fill", "blur", "--out", str(tmp_path / "f")), "blur")
+    assert not (tmp_path / "e").exists() and not (tmp_path / "f").exists()
+
+
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     out = tmp_path / "run"
     real_mse = train_module.hole_mse
