@@ -132,8 +132,9 @@ class CompletionNetwork(nn.Module):
         self.register_buffer("fill", torch.tensor(config.fill, dtype=torch.float32).view(1, 3, 1, 1))
 
     def forward(self, image: Tensor, mask: Tensor) -> Tensor:
+        known = 1.0 - mask
         out = self.body(hole_input(image, mask, self.fill, self.config.hole_fill)).to(image.dtype)
-        return image * (1.0 - mask) + out * mask
+        return image * known + out * mask
 
 
 def num_downsamples(size: int) -> int:
