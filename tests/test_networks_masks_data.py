@@ -18,6 +18,7 @@ from gantool.nn.networks import (
     count_parameters,
     fold_batchnorm,
     hole_input,
+    hole_output,
     num_downsamples,
     push_pull_fill,
 )
@@ -434,7 +435,11 @@ def test_a_push_pull_generator_sees_the_surroundings_and_keeps_known_pixels():
     image, mask = torch.rand(2, 3, 44, 36), _two_holes()
     fill = push_pull_fill(image, 1 - mask, generator.fill)
     expected = torch.cat([image * (1 - mask) + fill * mask, mask], dim=1)
-    assert torch.equal(hole_input(image, mask, generator.fill, config.hole_fill), expected)
+    x, filled = hole_input(image, mask, generator.fill, config.hole_fill)
+    assert torch.equal(x, expected) and torch.equal(filled, fill)
+    with torch.no_grad():  # the body corrects the fill: out = clamp(fill + 2 * sigmoid - 1)
+        body = generator.body(x)
+        assert torch.equal(hole_output(body, fill, config.hole_fill), (fill + (2 * body - 1)).clamp(0, 1))
     with torch.no_grad():
         out = generator(image, mask)
         mean_pixel = CompletionNetwork(ModelConfig(**TINY_MODEL)).eval()
@@ -442,6 +447,16 @@ def test_a_push_pull_generator_sees_the_surroundings_and_keeps_known_pixels():
         other = mean_pixel(image, mask)
     assert torch.equal(out * (1 - mask), image * (1 - mask))
     assert not torch.equal(out, other)  # the same weights see another input
+
+
+def test_an_untrained_push_pull_generator_returns_the_fill():
+    torch.manual_seed(0)
+    generator = CompletionNetwork(ModelConfig(**TINY_MODEL, hole_fill="push-pull")).eval()
+    image, mask = torch.rand(2, 3, 44, 36), _two_holes()
+    with torch.no_grad():
+        out = generator(image, mask)
+    expected = image * (1 - mask) + push_pull_fill(image, 1 - mask, generator.fill) * mask
+    assert torch.equal(out, expected)  # a zero correction: sigmoid(0) = 0.5, 2 * 0.5 - 1 = 0 exactly
 
 
 def test_hole_fill_is_checked_in_the_model_config():

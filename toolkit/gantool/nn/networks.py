@@ -52,13 +52,27 @@ def push_pull_fill(image: Tensor, known: Tensor, default: Tensor, levels: int = 
     return fill
 
 
-def hole_input(image: Tensor, mask: Tensor, fill: Tensor, hole_fill: str) -> Tensor:
-    """The generator's 4-channel input: ``image`` with its holes filled (``hole_fill``), then ``mask``."""
+def hole_input(image: Tensor, mask: Tensor, fill: Tensor, hole_fill: str) -> tuple[Tensor, Tensor]:
+    """The generator's 4-channel input (``image`` with its holes filled as ``hole_fill`` says,
+    then ``mask``), and the fill written into the holes."""
     known = 1.0 - mask
     fill = fill.to(image.dtype)
     if hole_fill == PUSH_PULL:
         fill = push_pull_fill(image, known, fill)
-    return torch.cat([image * known + fill * mask, mask], dim=1)
+    return torch.cat([image * known + fill * mask, mask], dim=1), fill
+
+
+def hole_output(body_out: Tensor, fill: Tensor, hole_fill: str) -> Tensor:
+    """What the generator paints into the holes, from its body's sigmoid output ``body_out``.
+
+    GLCIC (mean pixel): the output itself. Push-pull: a correction of the fill,
+    ``fill + 2 * body_out - 1`` (a step in (-1, 1)) clamped to [0, 1], so the network only
+    learns what the surroundings' colours miss; its last convolution starts at zero, so an
+    untrained network returns the fill.
+    """
+    if hole_fill == PUSH_PULL:
+        return (fill + (2.0 * body_out - 1.0)).clamp(0.0, 1.0)  # the step first: fill + 1 would round
+    return body_out
 
 
 def block(conv: nn.Module, cout: int, order: str = BN_FIRST) -> nn.Sequential:
@@ -96,8 +110,9 @@ class CompletionNetwork(nn.Module):
     ``forward(image, mask)`` takes float RGB in [0, 1] (N x 3 x H x W) and a
     mask (N x 1 x H x W, 1 = hole) and returns the completed image. The hole is
     first filled (:func:`hole_input`: the data's mean pixel ``config.fill``, or
-    with ``config.hole_fill = "push-pull"`` the surroundings' colours); the network's
-    output is composited inside forward, so known pixels come back exactly.
+    with ``config.hole_fill = "push-pull"`` the surroundings' colours, which the network
+    then corrects: :func:`hole_output`); the network's output is composited inside
+    forward, so known pixels come back exactly.
     H and W must be multiples of ``config.stride`` (4).
     """
 
@@ -130,10 +145,16 @@ class CompletionNetwork(nn.Module):
             nn.Sigmoid(),
         )
         self.register_buffer("fill", torch.tensor(config.fill, dtype=torch.float32).view(1, 3, 1, 1))
+        if config.hole_fill == PUSH_PULL:  # the correction of the fill starts at 0 (see hole_output)
+            last: nn.Conv2d = self.body[-2]  # type: ignore[assignment]  # the Conv2d before the Sigmoid
+            for tensor in (last.weight, last.bias):
+                assert tensor is not None  # the last conv always has its bias
+                nn.init.zeros_(tensor)
 
     def forward(self, image: Tensor, mask: Tensor) -> Tensor:
         known = 1.0 - mask
-        out = self.body(hole_input(image, mask, self.fill, self.config.hole_fill)).to(image.dtype)
+        x, fill = hole_input(image, mask, self.fill, self.config.hole_fill)
+        out = hole_output(self.body(x).to(image.dtype), fill, self.config.hole_fill)
         return image * known + out * mask
 
 
