@@ -97,6 +97,14 @@ MUTANTS: list[Mutant] = [
         "fill = torch.where(weights[-1] > -1, values[-1] / weights[-1].clamp_min(1e-12), default)",
         ("test_networks_masks_data.py::test_push_pull_fill_without_known_pixels_is_the_fill_colour",),
     ),
+    Mutant(
+        "blend_keeps_a_hue_in_grey_pictures",
+        "core/processing.py",
+        "    if known_pixels_are_grey(image, hole):\n",
+        "    if False:\n",
+        ("test_blend.py::test_a_grey_picture_stored_as_rgb_gets_grey_holes",),
+        why="a grey photograph stored as RGB gets the tint the training data taught",
+    ),
     # ---------------------------------------------------------------- loss targets and weights
     Mutant(
         "g_adversarial_target_flipped",

@@ -127,6 +127,31 @@ def test_a_hole_over_almost_the_whole_image_keeps_the_output_and_says_so_once(
     assert len(warnings) == 1
 
 
+@pytest.mark.parametrize("noise", [0, 2])  # exact grey, and JPEG's chroma noise of 2 levels
+def test_a_grey_picture_stored_as_rgb_gets_grey_holes(noise: int) -> None:
+    """The network may paint a hue the data taught it; a grey picture has none to give."""
+    rng = np.random.default_rng(noise)
+    grey = smooth_image(40, 48)[..., :1].repeat(3, axis=2)
+    grey = (np.rint(grey * 255) + rng.integers(-noise // 2, noise // 2 + 1, grey.shape)) / 255.0
+    image = np.clip(grey, 0, 1).astype(np.float32)
+    mask = box(40, 48, 10, 12, 28, 34)
+    y, x = np.mgrid[0:40, 0:48].astype(np.float32)
+    waves = np.stack([np.sin(x / 3), np.sin(y / 4), np.cos((x + y) / 5)], axis=2)
+    hole = mask > 0.5
+    # a greenish textured patch, as the photo-trained model paints: its channels' gradients differ
+    tinted = np.where(hole[..., None], np.clip((0.3, 0.6, 0.2) + 0.2 * waves, 0, 1), image).astype(np.float32)
+    result = poisson_blend(image, tinted, mask)
+    assert np.array_equal(result[~hole], image[~hole])  # known pixels stay exact
+    assert np.array_equal(result[hole][:, 0], result[hole][:, 1])
+    assert np.array_equal(result[hole][:, 0], result[hole][:, 2])
+    colour = smooth_image(40, 48)
+    kept = poisson_blend(colour, np.where(hole[..., None], tinted, colour), mask)
+    assert float(np.ptp(kept[hole], axis=1).max()) > 0.1  # a colour picture keeps its colours
+    almost = np.array(image, copy=True)
+    almost[0, 0] = (0.5, 0.5, 0.52)  # one known pixel 5 levels off grey: a colour picture
+    assert float(np.ptp(poisson_blend(almost, tinted, mask)[hole], axis=1).max()) > 0.05
+
+
 def test_mask_conventions_and_the_127_128_threshold() -> None:
     truth = smooth_image(32, 40)
     output = np.clip(truth + 0.15, 0, 1)

@@ -443,6 +443,9 @@ BLEND_MARGIN = 8
 BLEND_MIN_KNOWN_FRACTION = 0.01
 # The hole is dilated by this many pixels before cloning, so the solve's boundary lies on known pixels.
 BLEND_DILATION = 1
+# A grey picture stored as RGB: every known pixel's channels within this of each other (JPEG's
+# chroma noise of up to 2 levels, plus float rounding). Its blended holes are made grey (poisson_blend).
+GREY_TOLERANCE = 2.5 / 255.0
 OPENCV_MISSING = (
     "OpenCV is missing (a core dependency: gantool finds the holes, blends and scores with it): "
     "pip install opencv-python-headless"
@@ -506,6 +509,13 @@ def blend_pixels(hole: np.ndarray) -> int:
     return sum((w + 2 * BLEND_MARGIN) * (h + 2 * BLEND_MARGIN) for _, _, w, h in boxes)
 
 
+def known_pixels_are_grey(image: np.ndarray, hole: np.ndarray) -> bool:
+    """True when every known pixel of the H x W x 3 ``image`` (``hole``: boolean H x W) has
+    R = G = B within GREY_TOLERANCE, and there is at least one."""
+    known = image[~hole]
+    return known.size > 0 and float(np.ptp(known, axis=1).max()) <= GREY_TOLERANCE
+
+
 def poisson_blend(image: np.ndarray, filled: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """GLCIC's post-processing of one image: float H x W x 3 RGB in [0, 1].
 
@@ -526,6 +536,8 @@ def poisson_blend(image: np.ndarray, filled: np.ndarray, mask: np.ndarray) -> np
     Returns ``image`` outside the hole, unchanged, and the blended fill inside.
     With (almost) no known pixels (< BLEND_MIN_KNOWN_FRACTION) there is nothing
     to blend onto: the hole gets the network's output, and a warning is logged once.
+    A grey picture stored as RGB (:func:`known_pixels_are_grey`) gets grey holes: the
+    luma of the blend in all three channels, so no hue is invented where the picture has none.
     """
     if image.shape != filled.shape or image.ndim != 3 or image.shape[2] != 3 or image.shape[:2] != mask.shape[:2]:
         raise InputError(
@@ -542,7 +554,7 @@ def poisson_blend(image: np.ndarray, filled: np.ndarray, mask: np.ndarray) -> np
             "nothing to blend onto; such holes get the network's output unblended"
         )
         result[hole] = filled[hole]
-        return result
+        return _grey_holes(image, hole, result)
     cv2 = import_cv2()
     height, width = hole.shape
     hole_u8 = hole.astype(np.uint8)
@@ -582,4 +594,10 @@ def poisson_blend(image: np.ndarray, filled: np.ndarray, mask: np.ndarray) -> np
         region = result[rows, cols]
         own &= hole[rows, cols]
         region[own] = np.clip(source + correction, 0.0, 1.0)[own]
+    return _grey_holes(image, hole, result)
+
+
+def _grey_holes(image: np.ndarray, hole: np.ndarray, result: np.ndarray) -> np.ndarray:
+    if known_pixels_are_grey(image, hole):
+        result[hole] = np.clip(result[hole] @ LUMA_WEIGHTS, 0.0, 1.0)[:, None]
     return result
