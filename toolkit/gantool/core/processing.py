@@ -509,13 +509,6 @@ def blend_pixels(hole: np.ndarray) -> int:
     return sum((w + 2 * BLEND_MARGIN) * (h + 2 * BLEND_MARGIN) for _, _, w, h in boxes)
 
 
-def known_pixels_are_grey(image: np.ndarray, hole: np.ndarray) -> bool:
-    """True when every known pixel of the H x W x 3 ``image`` (``hole``: boolean H x W) has
-    R = G = B within GREY_TOLERANCE, and there is at least one."""
-    known = image[~hole]
-    return known.size > 0 and float(np.ptp(known, axis=1).max()) <= GREY_TOLERANCE
-
-
 def poisson_blend(image: np.ndarray, filled: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """GLCIC's post-processing of one image: float H x W x 3 RGB in [0, 1].
 
@@ -536,7 +529,7 @@ def poisson_blend(image: np.ndarray, filled: np.ndarray, mask: np.ndarray) -> np
     Returns ``image`` outside the hole, unchanged, and the blended fill inside.
     With (almost) no known pixels (< BLEND_MIN_KNOWN_FRACTION) there is nothing
     to blend onto: the hole gets the network's output, and a warning is logged once.
-    A grey picture stored as RGB (:func:`known_pixels_are_grey`) gets grey holes: the
+    A grey picture stored as RGB (every known pixel grey) gets grey holes: the
     luma of the blend in all three channels, so no hue is invented where the picture has none.
     """
     if image.shape != filled.shape or image.ndim != 3 or image.shape[2] != 3 or image.shape[:2] != mask.shape[:2]:
@@ -598,6 +591,8 @@ def poisson_blend(image: np.ndarray, filled: np.ndarray, mask: np.ndarray) -> np
 
 
 def _grey_holes(image: np.ndarray, hole: np.ndarray, result: np.ndarray) -> np.ndarray:
-    if known_pixels_are_grey(image, hole):
+    """``result`` with its holes made grey (luma) when every known pixel is (GREY_TOLERANCE)."""
+    known = image[~hole]
+    if known.size and float(np.ptp(known, axis=1).max()) <= GREY_TOLERANCE:
         result[hole] = np.clip(result[hole] @ LUMA_WEIGHTS, 0.0, 1.0)[:, None]
     return result
