@@ -93,8 +93,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "push_pull_fill_forgets_the_fill_colour",
         "nn/networks.py",
-        "fill = torch.where(weights[-1] > 0, values[-1] / weights[-1].clamp_min(1e-12), default)",
-        "fill = torch.where(weights[-1] > -1, values[-1] / weights[-1].clamp_min(1e-12), default)",
+        "return value / (weight + empty) + empty * elsewhere",
+        "return value / (weight + empty)",
         ("test_networks_masks_data.py::test_push_pull_fill_without_known_pixels_is_the_fill_colour",),
     ),
     Mutant(

