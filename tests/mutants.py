@@ -91,11 +91,11 @@ MUTANTS: list[Mutant] = [
         why="--hole-fill push-pull recorded, but the network's holes hold the mean pixel",
     ),
     Mutant(
-        "push_pull_fill_forgets_the_fill_colour",
+        "push_pull_fill_leaves_empty_cells_black",
         "nn/networks.py",
         "return value / (weight + empty) + empty * elsewhere",
         "return value / (weight + empty)",
-        ("test_networks_masks_data.py::test_push_pull_fill_without_known_pixels_is_the_fill_colour",),
+        ("test_networks_masks_data.py::test_push_pull_fill_takes_each_holes_own_surroundings",),
     ),
     Mutant(
         "blend_keeps_a_hue_in_grey_pictures",
