@@ -40,6 +40,7 @@ from gantool.export.exporter import (
 )
 from gantool.export.parity import ParityCase, onnx_session
 from gantool.export.provenance import find_machine_traces
+from gantool.runtime.backends import load_backend
 from gantool.training.checkpoint import load_checkpoint, load_generator_weights, weights_sha256
 
 pytestmark = TORCH_JIT_WARNINGS  # the tests load TorchScript files themselves
@@ -460,8 +461,15 @@ def test_a_push_pull_generator_carries_its_fill_inside_the_onnx_graph(tmp_path):
 
 @pytest.mark.slow  # about 30 s on 2 cores: four more exports and their sweeps
 def test_a_push_pull_generator_exports_with_parity_in_every_cpu_format(tmp_path):
-    # a width-4 network loses much to int8; the gate is lowered to check that it runs, keeps known
-    # pixels and (OpenVINO's int8 once returned 0 for an image without known pixels) fills a full hole
+    # a width-4 network loses much to int8; the gate is lowered to check that it runs and keeps known pixels
     result = _push_pull_export(tmp_path, formats=["onnx", "torchscript", "pt2"], fp16=True, int8=True,
                                int8_min_psnr=12.0)  # fmt: skip
     assert {"onnx", "onnx_fp16", "onnx_int8", "pt2", "torchscript"} <= set(result.paths)
+    pytest.importorskip("openvino", reason="the openvino extra is not installed")
+    # OpenVINO's int8 pipeline miscomputes the float fill in front of the int8 convolutions (0.4 off
+    # on a 12 x 20 box): not in the sweep, and refused in one line by gantool's openvino backend
+    assert "openvino-int8" not in result.report["backends"] and "openvino" in result.report["backends"]
+    assert any(note.startswith("openvino-int8 not checked") for note in result.report["notes"])
+    with pytest.raises(InputError, match="precision int8 refused on the openvino backend: .*push-pull"):
+        load_backend(result.out_dir, backend="openvino", precision="int8")
+    assert load_backend(result.out_dir, backend="onnx", precision="int8").path == result.paths["onnx_int8"]

@@ -26,12 +26,26 @@ from typing import Any
 
 import numpy as np
 
+from gantool.core.config import ModelConfig
+from gantool.core.constants import HOLE_FILLS
 from gantool.core.cpu import onednn_bf16_capped
 from gantool.core.errors import ModelError, first_line
 
 OV_DEVICE = "CPU"
 # gantool precision -> OpenVINO's INFERENCE_PRECISION_HINT (int8 runs from the file's QDQ nodes).
 PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}
+
+
+def int8_refusal(config: ModelConfig) -> str | None:
+    """Why OpenVINO must not run ``config``'s int8 file, or None. Its int8 pipeline miscomputes the
+    float push-pull fill before the quantized convolutions (measured on OpenVINO 2026.4: wrong by
+    up to 0.4 on a 12 x 20 image, 0 on an image without known pixels); ONNX Runtime runs it right."""
+    if config.hole_fill == HOLE_FILLS[1]:
+        return (
+            "OpenVINO's int8 pipeline miscomputes the push-pull hole fill of this model; run int8 on "
+            "ONNX Runtime (--backend onnx) or OpenVINO in fp32/bf16"
+        )
+    return None
 
 
 def openvino_available() -> bool:
