@@ -122,6 +122,7 @@ def test_model_card_documents_data_config_steps_time_and_evaluation():
     recipe = (REPO / "examples" / "default_photos.toml").read_text()
     for key in ("width", "size", "local_size"):
         assert re.search(rf"^{key} = {config[key]}\b", recipe, re.MULTILINE), key  # the recipe is the shipped model's
+    assert re.search(rf'^hole_fill = "{config["hole_fill"]}"', recipe, re.MULTILINE)
     for needle in ("examples/default_photos.toml", "Wall time", "PSNR", "SSIM", "Telea", "Navier-Stokes", "Limitations"):
         assert needle in text, needle
     assert read_model_metadata(ONNX)["gantool.train_step"] in text  # the steps trained
