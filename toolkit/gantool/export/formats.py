@@ -36,7 +36,7 @@ from gantool.core.artifacts import (
 )
 from gantool.core.errors import InputError, ModelError, first_line
 from gantool.export.provenance import strip_onnx_debug_info, strip_torchscript_debug_info
-from gantool.nn.networks import CompletionNetwork, hole_input, hole_output
+from gantool.nn.networks import CompletionNetwork, complete
 from gantool.runtime.providers import cpu_isa_flags
 
 logger = logging.getLogger(__name__)
@@ -58,9 +58,7 @@ class HalfPrecisionGenerator(nn.Module):
 
     def forward(self, image: Tensor, mask: Tensor) -> Tensor:
         fill: Tensor = self.fill  # type: ignore[assignment]  # a registered buffer
-        x, filled = hole_input(image, mask, fill, self.hole_fill)
-        out = hole_output(self.body(x.half()).float(), filled, self.hole_fill)
-        return image * (1.0 - mask) + out * mask
+        return complete(image, mask, fill, self.hole_fill, lambda x: self.body(x.half()).float())
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ exact for each order.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -83,6 +84,15 @@ def hole_output(body_out: Tensor, fill: Tensor, hole_fill: str) -> Tensor:
     if hole_fill == PUSH_PULL:
         return (fill + (2.0 * body_out - 1.0)).clamp(0.0, 1.0)  # the step first: fill + 1 would round
     return body_out
+
+
+def complete(image: Tensor, mask: Tensor, fill: Tensor, hole_fill: str, body: Callable[[Tensor], Tensor]) -> Tensor:
+    """The generator's forward around its ``body`` (which returns ``image``'s dtype): fill the
+    holes (:func:`hole_input`), run the body, paint the holes (:func:`hole_output`), composite."""
+    known = 1.0 - mask
+    x, filled = hole_input(image, mask, fill, hole_fill)
+    out = hole_output(body(x), filled, hole_fill)
+    return image * known + out * mask
 
 
 def block(conv: nn.Module, cout: int, order: str = BN_FIRST) -> nn.Sequential:
@@ -162,10 +172,7 @@ class CompletionNetwork(nn.Module):
                 nn.init.zeros_(tensor)
 
     def forward(self, image: Tensor, mask: Tensor) -> Tensor:
-        known = 1.0 - mask
-        x, fill = hole_input(image, mask, self.fill, self.config.hole_fill)
-        out = hole_output(self.body(x).to(image.dtype), fill, self.config.hole_fill)
-        return image * known + out * mask
+        return complete(image, mask, self.fill, self.config.hole_fill, lambda x: self.body(x).to(image.dtype))
 
 
 def num_downsamples(size: int) -> int:
