@@ -791,6 +791,54 @@ def test_after_a_signal_the_manifest_lists_every_input_once_in_its_true_state(
     assert len(list(out.glob("*.inpainted.png"))) == 40
 
 
+# A run in its own process that starts Ray, is sent SIGTERM after 3 outputs, and prints the
+# threads alive when it shuts Ray down (observed by wrapping ray.shutdown, which then runs as usual).
+SHUTDOWN_THREADS_SCRIPT = """
+import os, signal, sys, threading, time
+from pathlib import Path
+import ray
+from gantool.inference.ray import ray_inpaint
+from gantool.inference.ray_connect import Terminated
+
+real_shutdown = ray.shutdown
+def shutdown(*args, **kwargs):
+    print("AT SHUTDOWN:", sorted(t.name for t in threading.enumerate()), flush=True)
+    return real_shutdown(*args, **kwargs)
+ray.shutdown = shutdown
+out = Path(sys.argv[3])
+def send_sigterm():  # from another thread, as a user would: it lands wherever the main thread is
+    while len(list(out.glob("*.inpainted.png"))) < 3:
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGTERM)
+threading.Thread(target=send_sigterm, daemon=True).start()
+try:
+    ray_inpaint([Path(sys.argv[1])], model=Path(sys.argv[2]), provider="cpu", backend_name="onnx",
+                output=out, boxes=[(8, 8, 20, 20)], batch_size=1, actors=1)
+except Terminated:
+    print("TERMINATED", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_no_ray_data_thread_runs_when_ray_shuts_down_after_a_signal(
+    exported_model: ExportedModel, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    # Before the fix: Ray Data's iterator threads ("iter_threaded") were still alive when the run
+    # shut Ray down; one inside a Ray call then made Ray's core worker end the process with
+    # status 1 ("The core worker has already been shutdown"), not 143, before the manifest was
+    # complete (seen once in CI).
+    folder = tmp_path / "album"
+    folder.mkdir()
+    for i in range(30):
+        Image.fromarray(textured_rgb(48, 48, i)).save(folder / f"{i:02d}.png")
+    proc = subprocess.run([sys.executable, "-c", SHUTDOWN_THREADS_SCRIPT, str(folder), str(exported_model.folder),
+                           str(tmp_path / "out")], env=subprocess_env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0 and "TERMINATED" in proc.stdout, proc.stdout + proc.stderr
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("AT SHUTDOWN:")]
+    assert "iter_threaded" not in line and "StreamingExecutor" not in line, line
+    assert (tmp_path / "out" / RAY_MANIFEST_NAME).is_file()
+
+
 def test_no_empty_ray_temp_folders_are_left(ray_cluster: Any, exported_model: ExportedModel, tmp_path: Path) -> None:
     # Before the fix: every run left an empty /tmp/ray/.../gantool/<run id>/.
     folder, masks = mixed_album(tmp_path)

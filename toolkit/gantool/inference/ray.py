@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 import uuid
 import warnings
@@ -78,6 +79,7 @@ from gantool.inference.ray_connect import (
     check_reachable,
     connect,
     quiet_logger,
+    settle_ray_threads,
     shielded,
     sigterm_as_interrupt,
 )
@@ -458,6 +460,7 @@ def _run(
     reported: set[str] = set()
     missing_cause = "not processed: its batch failed in Ray (see the log above)"
     interrupted: BaseException | None = None
+    threads_before = set(threading.enumerate())
 
     def record(result: FileResult, provider: str | None, backend: str | None, ms: float | None) -> None:
         reported.add(str(result.source))
@@ -512,6 +515,8 @@ def _run(
         missing_cause = f"not processed: interrupted ({'SIGTERM' if isinstance(e, Terminated) else 'SIGINT'})"
     finally:
         with shielded():
+            if started_here and (still := settle_ray_threads(threads_before)):
+                log.debug("Ray Data threads still running at shutdown: %s", ", ".join(still))
             wind_down(ray, started_here, book, todo, reported, begun, overwrite, missing_cause, record)
         signals.close()
     if interrupted is not None:

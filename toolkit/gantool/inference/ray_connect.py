@@ -8,7 +8,7 @@ ping for a ``ray://`` address; over TLS with ``RAY_USE_TLS``) and
 :func:`connect` bounds ``ray.init`` by what is left of the same timeout, so every
 failure is one line naming the address. :class:`FolderLock` keeps two runs out of one output folder;
 :func:`sigterm_as_interrupt` lets SIGTERM end a run as Ctrl-C does, so the manifest
-is completed.
+is completed, and :func:`settle_ray_threads` lets Ray Data's threads end before Ray shuts down.
 """
 
 from __future__ import annotations
@@ -60,6 +60,23 @@ def sigterm_as_interrupt() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_int)
+
+
+# Ray Data threads that sit parked once their iterator is closed: they call Ray only when fed.
+_PARKED_RAY_THREADS = ("Prefetcher",)
+
+
+def settle_ray_threads(before: set[threading.Thread], timeout: float = 10.0) -> list[str]:
+    """Wait for the threads started since ``before`` (Ray Data's executor and iterator workers)
+    to end. One still inside a Ray call when ``ray.shutdown()`` runs makes Ray's core worker end
+    the whole process with status 1 ("The core worker has already been shutdown"), before the
+    manifest is complete. Returns the names of those still alive at the deadline."""
+    deadline = time.monotonic() + timeout
+    waiting = [t for t in threading.enumerate() if t not in before and t.name not in _PARKED_RAY_THREADS]
+    for thread in waiting:
+        if thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
+    return [t.name for t in waiting if t.is_alive()]
 
 
 def _split_address(address: str) -> tuple[str, int] | None:
