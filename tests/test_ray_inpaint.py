@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -254,6 +255,22 @@ def test_plan_actors_defaults_and_impossible_requests() -> None:
         plan_actors("tensorrt", cpus=8, gpus=0, nodes=1, actors=None, gpus_per_actor=None)
     with pytest.raises(InputError, match="need more than the cluster's 2 GPUs"):
         plan_actors("cuda", cpus=8, gpus=2, nodes=1, actors=3, gpus_per_actor=1.0)
+
+
+def test_no_more_actors_start_than_there_are_batches(
+    ray_cluster: Any, exported_model: ExportedModel, tmp_path: Path
+) -> None:
+    # Before the fix: one image with --actors 2 started two actors (each loading the model) and
+    # Ray warned "The minimum number of concurrent actors ... is set to 2, but the operator only
+    # received 1 input(s)".
+    image = tmp_path / "x.png"
+    rgba_with_hole(24, 28, 5).save(image)
+    plans = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        summary = ray_run(exported_model, [image], tmp_path / "out", actors=2, on_start=plans.append)
+    assert summary.inpainted == 1 and [plan.actors for plan in plans] == [1]
+    assert not [w for w in caught if "concurrent actors" in str(w.message)], [str(w.message) for w in caught]
 
 
 def test_the_manifest_never_replaces_a_users_file(exported_model: ExportedModel, tmp_path: Path) -> None:

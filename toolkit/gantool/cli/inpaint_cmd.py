@@ -119,7 +119,7 @@ def _parse_boxes(
     "--actors",
     type=click.IntRange(min=1),
     default=None,
-    help="With --ray: model copies (actors). Default: one per GPU, or one per node on CPUs.",
+    help="With --ray: model copies (actors). Default: one per GPU, or one per node on CPUs; never more than the batches to run.",
 )
 @click.option(
     "--gpus-per-actor",

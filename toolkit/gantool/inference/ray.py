@@ -481,6 +481,8 @@ def _run(
         else:
             summary.where = f"local Ray cluster ({cpus:g} CPUs, {gpus:g} GPUs)"
         n_actors, n_gpus = plan_actors(options["provider"], cpus, gpus, nodes, actors, gpus_per_actor)
+        # No more actors than batches: each extra one would load the model for nothing (and Ray warns).
+        n_actors = min(n_actors, max(1, len(chunks)))
         plan = RayPlan(summary.where, n_actors, n_gpus, batch_size, todo, done_before, manifest_path)
         if on_start is not None:
             on_start(plan)
