@@ -20,6 +20,7 @@ from PIL import Image
 from cli_helpers import TORCH_JIT_WARNINGS, assert_one_line_error, invoke
 from conftest import REPO_ROOT, TINY_CONFIG, briefly_trained_generator, write_checkpoint
 from gantool.core.artifacts import DEFAULT_EXPORT_FORMATS, EXPORT_FORMATS, read_model_metadata
+from gantool.core.constants import DEFAULT_FP32_ATOL
 from gantool.core.errors import CheckpointError, InputError, ModelError
 from gantool.core.processing import (
     crop_padding,
@@ -368,6 +369,20 @@ def test_unwritable_output_folder(checkpoint_factory, tmp_path):
         assert leftovers(out) == []
     finally:
         out.chmod(0o700)
+
+
+def test_default_atol_may_widen_a_given_one_never(checkpoint_factory, tmp_path):
+    # Without --atol each case's fp32 bound is 1e-4 or 4x eager fp32's own error against float64;
+    # an --atol that is given stays as it is (the sweep's own logic: test_parity.py).
+    checkpoint = checkpoint_factory("trained", seed=6)
+    default = export_generator(checkpoint, tmp_path / "default", formats=["onnx"], cuda=False).report
+    given = export_generator(checkpoint, tmp_path / "given", formats=["onnx"], cuda=False, atol=3e-4).report
+    assert default is not None and given is not None
+    assert default["atol"] == DEFAULT_FP32_ATOL and given["atol"] == 3e-4 == given["fp32_tolerance_max"]
+    rows = [row for b in default["backends"].values() if b["precision"] == "fp32" for row in b["cases"]]
+    assert rows and all(row["tolerance"] >= DEFAULT_FP32_ATOL for row in rows)
+    assert all(row["tolerance"] == 3e-4 for b in given["backends"].values() if b["precision"] == "fp32"
+               for row in b["cases"])  # fmt: skip
 
 
 def test_failed_fold_check_writes_nothing(checkpoint_factory, tmp_path):

@@ -25,6 +25,8 @@ from gantool.export.parity import (
     compare,
     default_cases,
     failures,
+    float64_backend,
+    fp32_tolerance,
     mark_advisory,
     onnx_session,
     onnxruntime_backend,
@@ -267,6 +269,38 @@ def test_sweep_fails_an_error_above_atol_in_the_hole(eager_reference):
     assert not report["passed"]
     assert report["backends"]["suspect"]["max_abs_hole"] == pytest.approx(1e-3, rel=1e-3)
     assert "max abs error" in failures(report)[0]
+
+
+def test_fp32_tolerance_widens_to_the_models_own_fp32_error(eager_reference):
+    # Before the fix: a fixed atol, so an ill-conditioned model (GLCIC-PyTorch's full width with
+    # random weights) failed the export on some CPUs by 1.15e-4 against 1e-4 while eager fp32 was
+    # itself ~3e-5 from float64. Here eager fp32 lies 1e-3 from "float64" in the hole.
+    def exact(image, mask):
+        return eager_reference(image, mask).astype(np.float64) + 1e-3 * mask
+
+    def drifting(by):
+        return lambda image, mask: eager_reference(image, mask) + (by * mask).astype(np.float32)
+
+    cases = [ParityCase(1, 32, 32, "box"), ParityCase(2, 12, 20, "full")]
+    for by, passes in [(2e-3, True), (3.9e-3, True), (1e-2, False)]:
+        report = parity_sweep(eager_reference, [BackendSpec("suspect", drifting(by))], cases,
+                              TINY_CONFIG.local_size, ATOL, MIN_PSNR, exact=exact)  # fmt: skip
+        assert report["passed"] is passes, by
+        assert report["fp32_tolerance_max"] == pytest.approx(4e-3, rel=1e-3)
+        assert all(row["tolerance"] == pytest.approx(4e-3, rel=1e-3) for row in report["backends"]["suspect"]["cases"])
+    assert "widened to 4x eager fp32's own error" in failures(report)[0]
+    # without the float64 evaluation (or where it is no wider), atol alone
+    assert not _sweep(eager_reference, drifting(2e-3))["passed"]
+    assert fp32_tolerance(ATOL, np.zeros(3, np.float32), np.full(3, 1e-9)) == ATOL
+
+
+def test_a_well_conditioned_model_keeps_atol(eager_reference):
+    # The tiny trained generator: eager fp32 is within a few ulps of float64, so nothing widens.
+    generator = briefly_trained_generator(TINY_CONFIG, seed=2)
+    report = parity_sweep(torch_backend(generator), [BackendSpec("itself", torch_backend(generator))],
+                          default_cases(TINY_CONFIG), TINY_CONFIG.local_size, ATOL, MIN_PSNR,
+                          exact=float64_backend(generator))  # fmt: skip
+    assert report["passed"] and report["fp32_tolerance_max"] == ATOL
 
 
 def test_sweep_verdict_with_one_passing_and_one_failing_backend(eager_reference):

@@ -12,6 +12,7 @@ at that hole PSNR or more. Known pixels must always be exact.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 from gantool.core.config import ModelConfig
-from gantool.core.constants import PREFER_CHOICES
+from gantool.core.constants import DEFAULT_FP32_ATOL, PREFER_CHOICES
 from gantool.core.errors import InputError, check_choice, first_line
 from gantool.core.processing import to_uint8
 from gantool.nn.masks import generate_mask
@@ -31,6 +32,20 @@ from gantool.runtime.providers import cuda_device_visible, open_session
 
 Backend = Callable[[np.ndarray, np.ndarray], np.ndarray]
 CASE_MASKS = ("box", "free", "empty", "full")
+# How far another correct float32 evaluation (oneDNN's or ONNX Runtime's summation order) may land
+# from eager float32, in multiples of eager float32's own distance from float64 on the same input.
+# A well-conditioned model stays far below --atol; one that amplifies rounding (random weights
+# through 17 re-normalising BatchNorms) gets a tolerance in proportion, on any CPU.
+FP32_ERROR_MULTIPLE = 4.0
+
+
+def fp32_tolerance(atol: float, expected: np.ndarray, exact: np.ndarray | None) -> float:
+    """The fp32 tolerance of one case: ``atol``, or FP32_ERROR_MULTIPLE times how far the eager
+    float32 reference ``expected`` lies from the float64 evaluation ``exact``, if that is larger."""
+    if exact is None or not np.isfinite(exact).all():
+        return atol
+    own_error = float(np.abs(expected.astype(np.float64) - exact).max()) if exact.size else 0.0
+    return max(atol, FP32_ERROR_MULTIPLE * own_error)
 
 
 @dataclass(frozen=True)
@@ -126,7 +141,7 @@ def _case_passes(result: dict[str, Any], spec: BackendSpec, atol: float, min_psn
     if spec.min_psnr is not None:
         return result["psnr_hole_uint8"] >= spec.min_psnr
     if precision == "fp32":
-        return result["max_abs"] <= atol
+        return result["max_abs"] <= result.get("tolerance", atol)
     return result["psnr_uint8"] >= min_psnr
 
 
@@ -135,11 +150,15 @@ def parity_sweep(
     backends: Sequence[BackendSpec],
     cases: Sequence[ParityCase],
     local_size: int,
-    atol: float = 1e-4,
+    atol: float = DEFAULT_FP32_ATOL,
     min_psnr: float = 40.0,
     seed: int = 0,
+    exact: Backend | None = None,
 ) -> dict[str, Any]:
     """Run every backend on every case and compare it with ``reference``.
+
+    ``exact``: the reference's model in float64 (:func:`float64_backend`); with it each case's fp32
+    tolerance is :func:`fp32_tolerance` (never below ``atol``), without it ``atol``.
 
     Returns a JSON-ready report (``inf`` PSNR is kept as a float here; see
     :func:`report_to_json`). A backend that raises fails that case with the
@@ -147,9 +166,12 @@ def parity_sweep(
     """
     results: dict[str, list[dict[str, Any]]] = {spec.name: [] for spec in backends}
     seconds = dict.fromkeys(results, 0.0)
+    tolerances = []
     for case in cases:
         image, mask = case_inputs(case, local_size, seed)
         expected = reference(image, mask)
+        tolerance = fp32_tolerance(atol, expected, exact(image, mask) if exact is not None else None)
+        tolerances.append(tolerance)
         for spec in backends:
             if spec.max_pixels is not None and case.batch * case.height * case.width > spec.max_pixels:
                 continue
@@ -160,6 +182,8 @@ def parity_sweep(
                 row = {"error": f"{type(e).__name__}: {first_line(e)}"}
             seconds[spec.name] += time.perf_counter() - start
             row = {"case": case.label, **row}
+            if spec.precision == "fp32":
+                row["tolerance"] = tolerance
             row["passed"] = _case_passes(row, spec, atol, min_psnr)
             results[spec.name].append(row)
 
@@ -184,6 +208,7 @@ def parity_sweep(
     return {
         "passed": all(s["passed"] for s in summary.values()),
         "atol": atol,
+        "fp32_tolerance_max": max(tolerances, default=atol),  # atol, or wider where the model amplifies rounding
         "min_psnr_fp16": min_psnr,
         "cases": [c.label for c in cases],
         "backends": summary,
@@ -230,7 +255,11 @@ def failures(report: dict[str, Any]) -> list[str]:
         elif backend.get("gate_psnr_hole") is not None:
             why = f"hole PSNR {first['psnr_hole_uint8']:.1f} dB < {backend['gate_psnr_hole']:g} dB"
         elif backend["precision"] == "fp32":
-            why = f"max abs error {first['max_abs']:.3g} > atol {report['atol']:g}"
+            tolerance = first.get("tolerance", report["atol"])
+            widened = f" (atol {report['atol']:g} widened to {FP32_ERROR_MULTIPLE:g}x eager fp32's own error)"
+            why = f"max abs error {first['max_abs']:.3g} > {tolerance:.3g}" + (
+                widened if tolerance > report["atol"] else " (atol)"
+            )
         else:
             why = f"PSNR {first['psnr_uint8']:.1f} dB < {report['min_psnr_fp16']:g} dB"
         lines.append(f"{name}: {why} ({first['case']}; {len(bad)} of {len(backend['cases'])} cases failed)")
@@ -275,6 +304,18 @@ def torch_backend(module: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) 
     def run(image: np.ndarray, mask: np.ndarray) -> np.ndarray:
         with torch.no_grad():
             return module(torch.from_numpy(image), torch.from_numpy(mask)).numpy()
+
+    return run
+
+
+def float64_backend(module: torch.nn.Module) -> Backend:
+    """A float64 copy of ``module`` as a numpy backend (float64 output): the exact answer that
+    :func:`fp32_tolerance` measures eager float32 against."""
+    exact = copy.deepcopy(module).double()
+
+    def run(image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return exact(torch.from_numpy(image).double(), torch.from_numpy(mask).double()).numpy()
 
     return run
 
