@@ -13,7 +13,13 @@ from typing import NoReturn
 import click
 
 from gantool.core.artifacts import ARTIFACT, DEFAULT_EXPORT_FORMATS
-from gantool.core.constants import DEFAULT_FP32_ATOL, DEFAULT_INT8_MIN_PSNR, DEFAULT_PREFER, PREFER_CHOICES
+from gantool.core.constants import (
+    DEFAULT_FP32_ATOL,
+    DEFAULT_INT8_MIN_PSNR,
+    DEFAULT_PREFER,
+    FP32_ERROR_MULTIPLE,
+    PREFER_CHOICES,
+)
 from gantool.core.errors import GantoolError
 
 
@@ -112,8 +118,9 @@ def _size(num_bytes: int) -> str:
     "--atol",
     type=float,
     default=None,
-    help=f"Max abs error allowed for fp32 backends. Default: {DEFAULT_FP32_ATOL:g}, widened per case to 4x "
-    "eager fp32's own error against float64 where that is larger; a given --atol is used as it is.",
+    help=f"Max abs error allowed for fp32 backends. Default: {DEFAULT_FP32_ATOL:g}, widened per case to "
+    f"{FP32_ERROR_MULTIPLE:g}x eager fp32's own error against float64 where that is larger; a given --atol "
+    "is used as it is.",
 )
 @click.option(
     "--overwrite", is_flag=True, help="Replace an earlier export in the output folder (only files gantool wrote)."
@@ -185,7 +192,8 @@ def export(
     else:
         cases, bound = len(result.report["cases"]), result.report["atol"]
         widest = result.report["fp32_tolerance_max"]
-        widened = f"; up to {widest:.3g}: 4x eager fp32's own error against float64" if widest > bound else ""
+        own = f"{FP32_ERROR_MULTIPLE:g}x eager fp32's own error against float64"
+        widened = f"; up to {widest:.3g}: {own}" if widest > bound else ""
         click.echo(f"Parity against eager PyTorch over {cases} cases (atol {bound:g}{widened}):")
         for line in summary_lines(result.report):
             click.echo(f"  {line}")

@@ -49,8 +49,12 @@ BENCH_INPAINT_PATHS = (
     "openvino:int8",
 )
 # `gantool export`'s fp32 parity bound (max abs error against eager PyTorch) when --atol is not given;
-# widened per case to 4x eager fp32's own error against float64 where that is larger (export/parity.py).
+# widened per case to FP32_ERROR_MULTIPLE times eager fp32's own error against float64 where that is
+# larger (export/parity.py): how far another correct fp32 evaluation (oneDNN's or ONNX Runtime's
+# summation order) may land. A well-conditioned model stays far below 1e-4; one that amplifies
+# rounding (random weights through 17 re-normalising BatchNorms) gets a bound in proportion.
 DEFAULT_FP32_ATOL = 1e-4
+FP32_ERROR_MULTIPLE = 4.0
 # `gantool export --int8`'s quality gate: worst hole PSNR (dB) against the fp32 model over the parity sweep.
 DEFAULT_INT8_MIN_PSNR = 35.0
 # When int8 misses that gate, at most this share of the convolutions' multiply-adds is left in float

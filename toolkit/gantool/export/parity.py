@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from gantool.core.config import ModelConfig
-from gantool.core.constants import DEFAULT_FP32_ATOL, PREFER_CHOICES
+from gantool.core.constants import DEFAULT_FP32_ATOL, FP32_ERROR_MULTIPLE, PREFER_CHOICES
 from gantool.core.errors import InputError, check_choice, first_line
 from gantool.core.processing import to_uint8
 from gantool.nn.masks import generate_mask
@@ -32,11 +32,6 @@ from gantool.runtime.providers import cuda_device_visible, open_session
 
 Backend = Callable[[np.ndarray, np.ndarray], np.ndarray]
 CASE_MASKS = ("box", "free", "empty", "full")
-# How far another correct float32 evaluation (oneDNN's or ONNX Runtime's summation order) may land
-# from eager float32, in multiples of eager float32's own distance from float64 on the same input.
-# A well-conditioned model stays far below --atol; one that amplifies rounding (random weights
-# through 17 re-normalising BatchNorms) gets a tolerance in proportion, on any CPU.
-FP32_ERROR_MULTIPLE = 4.0
 
 
 def fp32_tolerance(atol: float, expected: np.ndarray, exact: np.ndarray | None) -> float:
