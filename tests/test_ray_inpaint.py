@@ -808,6 +808,26 @@ def test_after_a_signal_the_manifest_lists_every_input_once_in_its_true_state(
     assert len(list(out.glob("*.inpainted.png"))) == 40
 
 
+def test_settling_waits_for_the_runs_threads_but_not_for_parked_ones() -> None:
+    from gantool.inference.ray_connect import settle_ray_threads
+
+    before = set(threading.enumerate())
+    release = threading.Event()
+    busy = threading.Thread(target=time.sleep, args=(0.5,), name="iter_threaded", daemon=True)
+    parked = threading.Thread(target=release.wait, name="Prefetcher", daemon=True)  # as Ray Data's prefetcher
+    stuck = threading.Thread(target=release.wait, name="stuck", daemon=True)
+    for thread in (busy, parked):
+        thread.start()
+    start = time.monotonic()
+    assert settle_ray_threads(before) == [] and not busy.is_alive()
+    assert 0.3 < time.monotonic() - start < 5 and parked.is_alive()  # waited for the busy one only
+    stuck.start()
+    start = time.monotonic()
+    assert settle_ray_threads(before, timeout=0.3) == ["stuck"]  # bounded: named, not waited on forever
+    assert time.monotonic() - start < 3
+    release.set()
+
+
 # A run in its own process that starts Ray, is sent SIGTERM after 3 outputs, and prints the
 # threads alive when it shuts Ray down (observed by wrapping ray.shutdown, which then runs as usual).
 SHUTDOWN_THREADS_SCRIPT = """
@@ -844,7 +864,8 @@ def test_no_ray_data_thread_runs_when_ray_shuts_down_after_a_signal(
     # shut Ray down; one inside a Ray call then made Ray's core worker end the process with
     # status 1 ("The core worker has already been shutdown"), not 143, before the manifest was
     # complete (seen once in CI). Where the signal lands varies, so this catches the bug in most
-    # runs, not all (2 of 2 before the fix, 2 of 3 with the wait skipped): no mutant plants it.
+    # runs, not all (2 of 2 before the fix, 2 of 3 with the wait skipped); the wait itself is
+    # checked deterministically by test_settling_waits_for_the_runs_threads_but_not_for_parked_ones.
     folder = tmp_path / "album"
     folder.mkdir()
     for i in range(30):
