@@ -308,7 +308,7 @@ def export_generator(
         if verify:
             built_for = written.metadata_of.get("aoti", {}).get(META_AOTI_DEVICE, "cpu")
             report, notes = verify_exports(
-                generator, folded, tmp, bound, cuda, cases, int8_min_psnr, built_for, widen=widen
+                generator, folded, tmp, bound, cuda, cases, int8_min_psnr, built_for, exact=exact
             )
             notes += mark_advisory(report, () if prefer == "bf16" else ("bf16",))  # no bf16 file is written
             if not report["passed"]:

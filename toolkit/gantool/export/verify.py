@@ -21,7 +21,6 @@ from gantool.export.parity import (
     ParityCase,
     cuda_worth_trying,
     default_cases,
-    float64_backend,
     onnx_session,
     onnxruntime_backend,
     openvino_specs,
@@ -70,12 +69,13 @@ def verify_exports(
     cases: Sequence[ParityCase] | None = None,
     int8_min_psnr: float = DEFAULT_INT8_MIN_PSNR,
     aoti_device: str = "cpu",
-    widen: bool = True,
+    exact: Backend | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """Parity sweep of the exported files (as written) against the eager generator.
 
-    ``widen``: each case's fp32 bound is ``atol`` or 4x eager fp32's own error against float64,
-    whichever is larger (:func:`~gantool.export.parity.fp32_tolerance`); else ``atol`` exactly.
+    ``exact``: the generator in float64 (:func:`~gantool.export.parity.float64_backend`); with it
+    each case's fp32 bound is ``atol`` or FP32_ERROR_MULTIPLE times eager fp32's own error against
+    float64, whichever is larger (:func:`~gantool.export.parity.fp32_tolerance`); without, ``atol``.
 
     ``aoti_device``: what ``files["aoti"]`` was compiled for (a CUDA package is not run here).
     """
@@ -147,7 +147,6 @@ def verify_exports(
     cases = list(cases) if cases is not None else default_cases(generator.config)
     logger.info("parity check: %d cases x %d backends against eager PyTorch", len(cases), len(backends))
     reference = torch_backend(generator)
-    exact = float64_backend(generator) if widen else None
     report = parity_sweep(reference, backends, cases, generator.config.local_size, atol, MIN_FP16_PSNR, exact=exact)
     report["reference"] = "eager PyTorch, unfolded generator, eval mode, float32, CPU"
     report["notes"] = notes

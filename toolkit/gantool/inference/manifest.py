@@ -9,7 +9,9 @@ after an interrupt or a failure.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -19,6 +21,9 @@ from gantool.core.errors import InputError
 from gantool.core.fileio import ensure_writable_dir
 from gantool.core.processing import IMAGE_EXTENSIONS
 from gantool.inference.pipeline import FileResult, ImageJob, written
+from gantool.inference.ray_connect import settle_ray_threads
+
+log = logging.getLogger(__name__)
 
 MANIFEST_NAME = RAY_MANIFEST_NAME
 
@@ -88,10 +93,16 @@ def wind_down(
     overwrite: bool,
     missing_cause: str,
     record: Callable[[FileResult, str | None, str | None, float | None], None],
+    threads_before: set[threading.Thread] | None = None,
 ) -> None:
-    """Stop Ray, then record every file not reported yet in its true state, and close the manifest."""
+    """Stop Ray, then record every file not reported yet in its true state, and close the manifest.
+
+    ``threads_before``: the threads alive before the run; those it started end first
+    (:func:`~gantool.inference.ray_connect.settle_ray_threads`)."""
     try:
         if started_here:
+            if threads_before is not None and (still := settle_ray_threads(threads_before)):
+                log.debug("Ray Data threads still running at shutdown: %s", ", ".join(still))
             ray.shutdown()  # no worker writes after this: what exists now is the truth
     finally:
         if book is not None:

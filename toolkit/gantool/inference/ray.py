@@ -79,7 +79,6 @@ from gantool.inference.ray_connect import (
     check_reachable,
     connect,
     quiet_logger,
-    settle_ray_threads,
     shielded,
     sigterm_as_interrupt,
 )
@@ -517,9 +516,7 @@ def _run(
         missing_cause = f"not processed: interrupted ({'SIGTERM' if isinstance(e, Terminated) else 'SIGINT'})"
     finally:
         with shielded():
-            if started_here and (still := settle_ray_threads(threads_before)):
-                log.debug("Ray Data threads still running at shutdown: %s", ", ".join(still))
-            wind_down(ray, started_here, book, todo, reported, begun, overwrite, missing_cause, record)
+            wind_down(ray, started_here, book, todo, reported, begun, overwrite, missing_cause, record, threads_before)
         signals.close()
     if interrupted is not None:
         raise interrupted
