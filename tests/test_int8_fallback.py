@@ -5,6 +5,10 @@ whose int8 version passes the gate, and the same net with one planted outlier: a
 tap of 1000 on an input channel that is always 0, so in float it adds nothing, but in
 int8 it sets its output channel's weight step (per-channel scale 1000 / 127), which rounds
 that channel's real taps to zero. Only leaving that convolution in float restores it.
+
+And a conv -> ReLU -> BN net (GLCIC-PyTorch's block order) whose first convolution has a
+channel that is never positive but spans far below zero: int8 must take the ReLU's range for
+that convolution's output (the ReLU fused away), not the pre-ReLU range the BN then magnifies.
 """
 
 from __future__ import annotations
@@ -49,6 +53,27 @@ class Tiny(nn.Module):
         return image * (1 - mask) + out * mask
 
 
+class ReluThenBatchNorm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+        self.a, self.b = nn.Conv2d(4, 6, 3, padding=1), nn.Conv2d(6, 3, 3, padding=1)
+        self.bn = nn.BatchNorm2d(6)
+        with torch.no_grad():
+            for conv in (self.a, self.b):
+                conv.weight.copy_(torch.randn(conv.weight.shape, generator=gen) * 0.15)
+                conv.bias.zero_()
+            # channel 0 is never positive (so 0 after the ReLU), but unfused it would stretch the int8
+            # range of a's output to -40: a step of about 0.16, which the BN below multiplies by 10
+            self.a.bias[0] = -40.0
+            self.bn.running_var.fill_(0.01)
+            self.bn.running_mean.fill_(0.1)
+
+    def forward(self, image: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = self.bn(torch.relu(self.a(torch.cat([image * (1 - mask), mask], 1))))
+        return image * (1 - mask) + torch.sigmoid(self.b(x)) * mask
+
+
 def _calibration() -> Calibration:
     gen = torch.Generator().manual_seed(1)
     images = torch.rand(4, 3, 16, 16, generator=gen)
@@ -89,3 +114,11 @@ def test_a_model_that_needs_more_than_the_cap_in_float_is_refused_with_the_figur
     assert "\n" not in message and not out.exists()
     assert "dB with all convolutions quantized" in message and "would pass 10% of the multiply-adds" in message
     assert "nothing written" in message
+
+
+def test_a_relu_before_a_batchnorm_is_fused_so_every_convolution_stays_int8(tmp_path):
+    fp32 = tmp_path / "fp32.onnx"
+    export_onnx(ReluThenBatchNorm().eval(), example_inputs(16), fp32, {})
+    result = quantize_int8(fp32, tmp_path / "int8.onnx", {}, _calibration(), CONFIG, cases=CASES)
+    # unfused: 32.5 dB with both convolutions int8, and a (57 % of the multiply-adds) over the float cap
+    assert result.float_nodes == [] and result.hole_psnr >= 45.0, result

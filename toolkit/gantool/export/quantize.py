@@ -49,6 +49,12 @@ log = logging.getLogger(__name__)
 
 CALIBRATION_IMAGES = 8
 QUANTIZED_OPS = ("Conv", "ConvTranspose")
+# Quantized only to be fused: ONNX Runtime's quantizer removes a ReLU that follows a quantized
+# convolution and gives the convolution's output the ReLU's range (zero point 0, so the
+# QuantizeLinear clamps). Without it the convolution's output is rounded on a scale that spans its
+# negative values too, which a BatchNorm after the ReLU (GLCIC-PyTorch's conv -> ReLU -> BN)
+# magnifies on a channel that is rarely positive.
+FUSED_ACTIVATIONS = ("Relu",)
 
 
 class QuantizationError(ModelError):
@@ -142,9 +148,19 @@ def _quantize(pre: Path, out: Path, calibration: Calibration, exclude: list[str]
 
     quantize_static(
         str(pre), str(out), feed_reader(_feeds(calibration)), quant_format=QuantFormat.QDQ, per_channel=True,
-        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, op_types_to_quantize=list(QUANTIZED_OPS),
+        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+        op_types_to_quantize=[*QUANTIZED_OPS, *FUSED_ACTIVATIONS],
         nodes_to_exclude=exclude, calibrate_method=CalibrationMethod.MinMax,
     )  # fmt: skip
+
+
+def _unfused(floats: Sequence[ConvInfo]) -> list[str]:
+    """The activations that must stay explicit: those writing the input of a convolution left in float.
+
+    Fused, the activation would leave a DequantizeLinear feeding that convolution directly, and ONNX
+    Runtime's graph optimizer (WeightBiasQuantization) then quantizes the float convolution's
+    weights itself, undoing the fallback."""
+    return [c.input_activation for c in floats if c.input_activation is not None]
 
 
 def hole_psnr_floor(report: dict[str, Any], name: str) -> float:
@@ -202,7 +218,7 @@ def quantize_int8(
                 quant_pre_process(str(fp32_path), str(pre), skip_symbolic_shape=True)
         except Exception as e:  # shape inference / optimizer failures: one line
             raise ModelError(f"int8 quantization: pre-processing failed: {first_line(e)}") from None
-        convs = conv_infos(pre, QUANTIZED_OPS, config.size)
+        convs = conv_infos(pre, QUANTIZED_OPS, config.size, FUSED_ACTIVATIONS)
         tried: list[str] = []
 
         def attempt(floats: list[ConvInfo]) -> tuple[Path, bool, float]:
@@ -210,7 +226,7 @@ def quantize_int8(
             candidate = Path(tmp) / f"int8_{len(exclude)}.onnx"
             try:
                 with _quiet_quantizer():
-                    _quantize(pre, candidate, calibration, exclude)
+                    _quantize(pre, candidate, calibration, [*exclude, *_unfused(floats)])
             except Exception as e:  # the quantizer raises many types
                 raise ModelError(f"int8 quantization failed: {first_line(e)}") from None
             session = open_session(candidate, "cpu").session

@@ -32,10 +32,12 @@ class ConvInfo:
     channels_in: int
     channels_out: int
     op_type: str = "Conv"
+    input_activation: str | None = None  # the fusable activation node (a Relu) that writes its input, if any
 
 
-def conv_infos(path: Path, op_types: Sequence[str], size: int) -> list[ConvInfo]:
-    """The convolutions of ``path`` in graph order, with their multiply-adds on one ``size`` x ``size`` image."""
+def conv_infos(path: Path, op_types: Sequence[str], size: int, activations: Sequence[str] = ()) -> list[ConvInfo]:
+    """The convolutions of ``path`` in graph order, with their multiply-adds on one ``size`` x ``size``
+    image, and the node of ``activations`` (op types) that writes each one's input, if any."""
     import onnx  # delayed: heavy import
 
     model = onnx.load(str(path))
@@ -51,6 +53,7 @@ def conv_infos(path: Path, op_types: Sequence[str], size: int) -> list[ConvInfo]
     for value in [*inferred.graph.value_info, *inferred.graph.output]:
         shapes[value.name] = [d.dim_value for d in value.type.tensor_type.shape.dim]
     weights = {init.name: list(init.dims) for init in model.graph.initializer}
+    writers = {out: node for node in model.graph.node for out in node.output}
     infos = []
     for node in model.graph.node:
         if node.op_type not in op_types:
@@ -66,7 +69,11 @@ def conv_infos(path: Path, op_types: Sequence[str], size: int) -> list[ConvInfo]
             cin, cout = (kernel[1] * group, kernel[0]) if kernel else (0, 0)
         else:
             cin, cout = (kernel[0], kernel[1] * group) if kernel else (0, 0)
-        infos.append(ConvInfo(node.name, node.input[0], node.input[1], node.output[0], macs, cin, cout, node.op_type))
+        writer = writers.get(node.input[0])
+        activation = writer.name if writer is not None and writer.op_type in activations else None
+        infos.append(
+            ConvInfo(node.name, node.input[0], node.input[1], node.output[0], macs, cin, cout, node.op_type, activation)
+        )
     return infos
 
 
@@ -135,6 +142,7 @@ def conv_sqnr(
     DequantizeLinear pair (:func:`_channel_noise`), and its int8 weights against the float ones,
     weighted by the input they meet (:func:`_weight_noise`). Each is local (it does not carry the
     error of the layers before) and a mean of per-channel relative noise powers; the three add up."""
+    import onnx  # delayed: heavy import
     from onnxruntime.quantization.qdq_loss_debug import (  # delayed: heavy import
         collect_activations,
         create_activation_matching,
@@ -146,6 +154,8 @@ def conv_sqnr(
     modify_model_output_intermediate_tensors(str(qdq_path), str(augmented))
     matched: dict[str, Any] = create_activation_matching(collect_activations(str(augmented), feed_reader(feeds)))
     weights = create_weight_matching(str(float_path), str(qdq_path))
+    # a convolution fused with its activation writes the activation's output tensor in the int8 model
+    written = {node.name: node.output[0] for node in onnx.load(str(qdq_path)).graph.node}
 
     def rounding(tensor: str, channels: int) -> float:
         pair = matched.get(tensor)
@@ -153,7 +163,8 @@ def conv_sqnr(
 
     result = {}
     for conv in convs:
-        own = rounding(conv.activation, conv.channels_in) + rounding(conv.output, conv.channels_out)
+        output = written.get(conv.name, conv.output)
+        own = rounding(conv.activation, conv.channels_in) + rounding(output, conv.channels_out)
         pair, seen = weights.get(conv.weight), matched.get(conv.activation)
         if pair is not None and seen is not None:
             power = np.concatenate([x.reshape(conv.channels_in, -1) for x in seen["pre_qdq"]], 1)
