@@ -23,7 +23,7 @@ from gantool.core.artifacts import META_FLOAT_NODES, read_model_metadata
 from gantool.core.config import ModelConfig
 from gantool.export.formats import example_inputs, export_onnx
 from gantool.export.parity import ParityCase
-from gantool.export.quantize import Calibration, QuantizationError, quantize_int8
+from gantool.export.quantize import Calibration, QuantizationError, calibration_batch, quantize_int8
 from gantool.export.sensitivity import conv_infos
 
 CONFIG = ModelConfig(width=4, size=16, local_size=8)
@@ -122,3 +122,16 @@ def test_a_relu_before_a_batchnorm_is_fused_so_every_convolution_stays_int8(tmp_
     result = quantize_int8(fp32, tmp_path / "int8.onnx", {}, _calibration(), CONFIG, cases=CASES)
     # unfused: 32.5 dB with both convolutions int8, and a (57 % of the multiply-adds) over the float cap
     assert result.float_nodes == [] and result.hole_psnr >= 45.0, result
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        ("synthetic", "8 validation images of the run (synthetic data), with box holes"),
+        ("/no/such/folder", "8 synthetic images (the run's data folder /no/such/folder is not there; pass --calib DIR"),
+    ],
+)
+def test_the_calibration_says_in_words_what_it_ran_on(data, says):
+    calibration = calibration_batch({"train_config": {"data": data, "mask": "box"}}, CONFIG, None)
+    assert calibration.source.startswith(says), calibration.source  # was "8 the run's validation images ..."
+    assert calibration.images.shape == (8, 3, 16, 16) and calibration.masks.shape == (8, 1, 16, 16)

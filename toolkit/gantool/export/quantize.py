@@ -108,11 +108,11 @@ def calibration_batch(
     if data and data != "synthetic" and Path(data).is_dir():
         try:
             chosen = open_source(data, seed)
-            described = f"the run's validation images from {data}"
+            described = f"validation images of the run, from {data}"
         except InputError as e:
             log.info("run data unusable for calibration: %s", first_line(e))
     elif data == "synthetic":
-        chosen, described = SyntheticSource(seed=seed), "the run's validation images (synthetic data)"
+        chosen, described = SyntheticSource(seed=seed), "validation images of the run (synthetic data)"
     if chosen is None:
         chosen = SyntheticSource(seed=seed)
         why = f"the run's data folder {data} is not there" if data else "the checkpoint names no training data"
