@@ -4,7 +4,8 @@ The fp32 export is pre-processed (``quant_pre_process``), calibrated on images
 with holes drawn like the model's training masks (:func:`calibration_batch`) and
 quantized with ``quantize_static``. Only convolutions are quantized (a ReLU after
 one is fused into it: :data:`FUSED_ACTIVATIONS`): the composite
-(``image * known + out * mask``) stays in float, so known pixels pass through exactly. The result must come within ``min_psnr`` dB of the fp32 model
+(``image * known + out * mask``) stays in float, so known pixels pass through
+exactly. The result must come within ``min_psnr`` dB of the fp32 model
 inside the hole over the parity sweep (:func:`gantool.export.parity.default_cases`).
 If it does not, the convolutions are ranked by their own int8 error
 (:mod:`gantool.export.sensitivity`) and the 1, 2, 4, ... worst are left in float,

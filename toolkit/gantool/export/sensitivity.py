@@ -156,10 +156,18 @@ def conv_sqnr(
     weights = create_weight_matching(str(float_path), str(qdq_path))
     # a convolution fused with its activation writes the activation's output tensor in the int8 model
     written = {node.name: node.output[0] for node in onnx.load(str(qdq_path)).graph.node}
+    # there its QuantizeLinear also does the ReLU's clamping: the values before it are the pre-ReLU
+    # ones, so they are clamped here too, and only the rounding counts as error
+    relu_outputs = {
+        out for node in onnx.load(str(float_path)).graph.node if node.op_type == "Relu" for out in node.output
+    }
 
     def rounding(tensor: str, channels: int) -> float:
         pair = matched.get(tensor)
-        return _channel_noise(pair["pre_qdq"], pair["post_qdq"], channels) if pair else 0.0
+        if not pair:
+            return 0.0
+        before = [np.maximum(x, 0) for x in pair["pre_qdq"]] if tensor in relu_outputs else pair["pre_qdq"]
+        return _channel_noise(before, pair["post_qdq"], channels)
 
     result = {}
     for conv in convs:
@@ -167,7 +175,8 @@ def conv_sqnr(
         own = rounding(conv.activation, conv.channels_in) + rounding(output, conv.channels_out)
         pair, seen = weights.get(conv.weight), matched.get(conv.activation)
         if pair is not None and seen is not None:
-            power = np.concatenate([x.reshape(conv.channels_in, -1) for x in seen["pre_qdq"]], 1)
+            inputs = [np.maximum(x, 0) if conv.activation in relu_outputs else x for x in seen["pre_qdq"]]
+            power = np.concatenate([x.reshape(conv.channels_in, -1) for x in inputs], 1)
             own += _weight_noise(pair["float"], pair["dequantized"], np.mean(power**2, axis=1), conv)
         result[conv.name] = -10 * math.log10(own) if own > 0 else math.inf
     return result
