@@ -340,11 +340,11 @@ def check_prefer(prefer: str, int8: bool, verify: bool) -> str:
 
 
 def openvino_specs(
-    files: dict[str, Path], int8_min_psnr: float, bf16_min_psnr: float, notes: list[str], config: ModelConfig
+    files: dict[str, Path], int8_min_psnr: float, bf16_min_psnr: float, notes: list[str]
 ) -> list[BackendSpec]:
     """OpenVINO's CPU plugin on the exported ONNX files, at every precision it runs here:
     fp32 (``f32`` hint, judged by atol), bf16 where the CPU has it (hole PSNR gate), and the
-    int8 file (its gate) unless OpenVINO refuses it for ``config``. Appends to ``notes`` what was
+    int8 file (its gate). Appends to ``notes`` what was
     not checked and why."""
     from gantool.runtime import openvino  # delayed: imports openvino
 
@@ -358,10 +358,7 @@ def openvino_specs(
         wanted.append(("openvino-bf16", files["onnx"], "bf16", bf16_min_psnr))
     else:
         notes.append("openvino-bf16 not checked: this CPU has no native bf16 (AVX512-BF16/AMX)")
-    refusal = openvino.int8_refusal(config)
-    if "onnx_int8" in files and refusal:
-        notes.append(f"openvino-int8 not checked, and refused by gantool's openvino backend: {refusal}")
-    elif "onnx_int8" in files:
+    if "onnx_int8" in files:
         wanted.append(("openvino-int8", files["onnx_int8"], "int8", int8_min_psnr))
     return [BackendSpec(name, openvino_backend(path, p), p, None, gate) for name, path, p, gate in wanted]
 

@@ -164,6 +164,18 @@ def _unfused(floats: Sequence[ConvInfo]) -> list[str]:
     return [c.input_activation for c in floats if c.input_activation is not None]
 
 
+def _pools_as_convolutions(path: Path) -> None:
+    """The int8 file's zero-padded average pools written as the convolutions they equal, so that
+    OpenVINO computes them right too (:func:`gantool.runtime.openvino.pools_as_convolutions`)."""
+    import onnx  # delayed: heavy import
+
+    from gantool.runtime.openvino import pools_as_convolutions
+
+    model = onnx.load(str(path))
+    if pools_as_convolutions(model):
+        onnx.save_model(model, str(path), save_as_external_data=False)
+
+
 def hole_psnr_floor(report: dict[str, Any], name: str) -> float:
     """The worst hole PSNR of backend ``name`` over a sweep (inf when no case had a hole)."""
     rows = [r for r in report["backends"][name]["cases"] if "error" not in r]
@@ -230,6 +242,7 @@ def quantize_int8(
                     _quantize(pre, candidate, calibration, [*exclude, *_unfused(floats)])
             except Exception as e:  # the quantizer raises many types
                 raise ModelError(f"int8 quantization failed: {first_line(e)}") from None
+            _pools_as_convolutions(candidate)
             session = open_session(candidate, "cpu").session
             spec = BackendSpec("int8", onnxruntime_backend(session), "int8", None, min_psnr)
             report = parity_sweep(reference, [spec], cases, config.local_size, min_psnr=min_psnr)

@@ -110,7 +110,7 @@ def verify_exports(
     if "onnx_int8" in files:
         session = onnx_session(files["onnx_int8"])
         backends.append(BackendSpec("onnxruntime-cpu-int8", onnxruntime_backend(session), "int8", None, int8_min_psnr))
-    backends += openvino_specs(files, int8_min_psnr, MIN_BF16_PSNR, notes, generator.config)
+    backends += openvino_specs(files, int8_min_psnr, MIN_BF16_PSNR, notes)
     if "torchscript" in files:
         with quiet_exporter():  # torch.jit.load warns that TorchScript is deprecated
             scripted = torch.jit.load(str(files["torchscript"]))

@@ -492,12 +492,9 @@ class OpenVinoBackend(Backend):
             metadata = {}  # Backend warns and assumes the default config
         hint = openvino.PRECISION_HINTS[self._precision]
         note = f"OpenVINO {openvino.openvino_version()} CPU plugin, INFERENCE_PRECISION_HINT={hint}"
-        model = openvino.read_onnx(model_file)
+        model = openvino.read_onnx(model_file, self._precision)
         # Its weights are the ONNX file's, checked as ONNX Runtime's are, before the (slower) compile.
         super().__init__(model_file, metadata, "CPU", note, weights=onnx_initializers(model_file))
-        refusal = openvino.int8_refusal(self.config) if self._precision == "int8" else None
-        if refusal:
-            raise InputError(f"precision int8 refused on the openvino backend: {refusal}")
         self.compiled = openvino.compile_model(model, model_file, self._precision)
         self._local = threading.local()  # one infer request per thread, one compiled model for all
 

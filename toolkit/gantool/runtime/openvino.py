@@ -8,7 +8,8 @@ nodes of the int8 file run as int8). Precision maps to OpenVINO's
   otherwise pick bf16 by itself on CPUs with AVX512-BF16 or AMX);
 - ``bf16``: ``bf16``, only where the CPU plugin reports native BF16
   (``OPTIMIZATION_CAPABILITIES``); refused elsewhere, where it would be emulated;
-- ``int8``: ``generator_int8.onnx`` with ``f32`` for the parts left in float.
+- ``int8``: ``generator_int8.onnx`` with ``f32`` for the parts left in float (its zero-padded
+  average pools run as convolutions: :func:`pools_as_convolutions`).
 
 The model is compiled once with its dynamic N, H and W (no recompile per request).
 OpenVINO's CPU plugin prepares kernels for each new input shape on its first run
@@ -26,8 +27,6 @@ from typing import Any
 
 import numpy as np
 
-from gantool.core.config import ModelConfig
-from gantool.core.constants import HOLE_FILLS
 from gantool.core.cpu import onednn_bf16_capped
 from gantool.core.errors import ModelError, first_line
 
@@ -36,16 +35,54 @@ OV_DEVICE = "CPU"
 PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}
 
 
-def int8_refusal(config: ModelConfig) -> str | None:
-    """Why OpenVINO must not run ``config``'s int8 file, or None. Its int8 pipeline miscomputes the
-    float push-pull fill before the quantized convolutions (measured on OpenVINO 2026.4: wrong by
-    up to 0.4 on a 12 x 20 image, 0 on an image without known pixels); ONNX Runtime runs it right."""
-    if config.hole_fill == HOLE_FILLS[1]:
-        return (
-            "OpenVINO's int8 pipeline miscomputes the push-pull hole fill of this model; run int8 on "
-            "ONNX Runtime (--backend onnx) or OpenVINO in fp32/bf16"
+def pools_as_convolutions(model: Any) -> int:
+    """Rewrite, in place, each AveragePool of ONNX ``model`` that counts its zero padding
+    (``count_include_pad = 1``) as the depthwise convolution it equals (a box filter of
+    ``1 / (kh * kw)``, the same strides and pads); returns how many were rewritten.
+
+    OpenVINO's int8 pipeline (2026.4, checked) drops ``count_include_pad`` on such a pool once the
+    model holds quantized nodes: it divides by the unpadded pixels, so the push-pull fill's pyramid
+    (a zero row and column before each halving, fused into the pool by ONNX Runtime's
+    pre-processing) came out up to 0.75 off at its third level, 0.09 in the inpainted image. A
+    convolution's zero padding has one reading; ONNX Runtime gives bitwise the same output."""
+    import onnx  # delayed: heavy import
+    from onnx import helper, numpy_helper
+
+    inferred = onnx.shape_inference.infer_shapes(model)
+    channels = {
+        value.name: value.type.tensor_type.shape.dim[1].dim_value
+        for value in [*inferred.graph.input, *inferred.graph.value_info]
+        if len(value.type.tensor_type.shape.dim) == 4
+    }
+    nodes, rewritten = [], 0
+    for node in model.graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        plain = (
+            attrs.get("count_include_pad", 0) == 1  # else the pool does not equal a convolution at the border
+            and not attrs.get("ceil_mode", 0)
+            and attrs.get("auto_pad", b"NOTSET") in (b"NOTSET", "NOTSET")
+            and len(attrs.get("kernel_shape", [])) == 2
+            and all(d == 1 for d in attrs.get("dilations", [1, 1]))
         )
-    return None
+        groups = channels.get(node.input[0], 0) if node.op_type == "AveragePool" and plain else 0
+        if not groups:
+            nodes.append(node)
+            continue
+        kh, kw = attrs["kernel_shape"]
+        box = f"{node.name or node.output[0]}_box_filter"
+        model.graph.initializer.append(
+            numpy_helper.from_array(np.full((groups, 1, kh, kw), 1 / (kh * kw), np.float32), box)
+        )
+        nodes.append(
+            helper.make_node(
+                "Conv", [node.input[0], box], list(node.output), name=node.name, group=groups, kernel_shape=[kh, kw],
+                strides=attrs.get("strides", [1, 1]), pads=attrs.get("pads", [0, 0, 0, 0]),
+            )
+        )  # fmt: skip
+        rewritten += 1
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return rewritten
 
 
 def openvino_available() -> bool:
@@ -83,10 +120,13 @@ def compile_config(precision: str) -> dict[str, str]:
     return {"INFERENCE_PRECISION_HINT": PRECISION_HINTS[precision], "PERFORMANCE_HINT": "LATENCY"}
 
 
-def read_onnx(path: str | Path) -> Any:
-    """``path`` read as an OpenVINO model, refused (one line) unless it is a gantool generator."""
+def read_onnx(path: str | Path, precision: str = "fp32") -> Any:
+    """``path`` read as an OpenVINO model, refused (one line) unless it is a gantool generator.
+
+    For int8, an int8 file written before gantool rewrote its padded pools is rewritten in memory
+    (:func:`pools_as_convolutions`), so OpenVINO computes it right."""
     try:
-        model = ov_core().read_model(str(path))
+        model = ov_core().read_model(str(path)) if precision != "int8" else _read_int8(path)
     except Exception as e:  # OpenVINO raises RuntimeError subclasses for corrupt or foreign files
         raise ModelError(f"OpenVINO cannot read {path}: {first_line(e)}") from None
     inputs = sorted(name for port in model.inputs for name in port.get_names())
@@ -96,6 +136,15 @@ def read_onnx(path: str | Path) -> Any:
             f"{path} is not a gantool generator (inputs {inputs}, outputs {outputs}; expected image, mask -> inpainted)"
         )
     return model
+
+
+def _read_int8(path: str | Path) -> Any:
+    import onnx  # delayed: heavy import
+
+    model = onnx.load(str(path))
+    if not pools_as_convolutions(model):
+        return ov_core().read_model(str(path))
+    return ov_core().read_model(model.SerializeToString())
 
 
 def compile_model(model: Any, path: str | Path, precision: str = "fp32") -> Any:
@@ -110,7 +159,7 @@ def compile_onnx(path: str | Path, precision: str = "fp32") -> Any:
     """``path`` (a gantool ONNX generator) compiled for OpenVINO's CPU plugin at ``precision``.
 
     Its dynamic N, H and W stay dynamic: one compile serves every shape."""
-    return compile_model(read_onnx(path), path, precision)
+    return compile_model(read_onnx(path, precision), path, precision)
 
 
 def release_memory(compiled: Any) -> bool:
