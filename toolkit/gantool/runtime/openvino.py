@@ -41,9 +41,9 @@ def pools_as_convolutions(model: Any) -> int:
     ``1 / (kh * kw)``, the same strides and pads); returns how many were rewritten.
 
     OpenVINO's int8 pipeline (2026.4, checked) drops ``count_include_pad`` on such a pool once the
-    model holds quantized nodes: it divides by the unpadded pixels, so the push-pull fill's pyramid
-    (a zero row and column before each halving, fused into the pool by ONNX Runtime's
-    pre-processing) came out up to 0.75 off at its third level, 0.09 in the inpainted image. A
+    model holds quantized nodes (whether the padding is the pool's own or a Pad before it): it
+    divides by the unpadded pixels, so the push-pull fill's pyramid (a zero row and column before
+    each halving) came out up to 0.75 off at its third level, 0.09 in the inpainted image. A
     convolution's zero padding has one reading; ONNX Runtime gives bitwise the same output."""
     import onnx  # delayed: heavy import
     from onnx import helper, numpy_helper
