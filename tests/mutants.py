@@ -1154,9 +1154,9 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "int8_relu_not_fused",
-        "export/quantize.py",
-        'FUSED_ACTIVATIONS = ("Relu",)',
-        "FUSED_ACTIVATIONS = ()",
+        "export/sensitivity.py",
+        '{"Relu": lambda x: np.maximum(x, 0)}',
+        "{}",
         (f"{INT8_FALLBACK}::test_a_relu_before_a_batchnorm_is_fused_so_every_convolution_stays_int8",),
         why="unfused, a ReLU's input is rounded on its negative range too, which a BN after it magnifies",
     ),

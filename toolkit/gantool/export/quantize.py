@@ -3,7 +3,7 @@
 The fp32 export is pre-processed (``quant_pre_process``), calibrated on images
 with holes drawn like the model's training masks (:func:`calibration_batch`) and
 quantized with ``quantize_static``. Only convolutions are quantized (a ReLU after
-one is fused into it: :data:`FUSED_ACTIVATIONS`): the composite
+one is fused into it: :data:`gantool.export.sensitivity.FUSED_ACTIVATIONS`): the composite
 (``image * known + out * mask``) stays in float, so known pixels pass through
 exactly. The result must come within ``min_psnr`` dB of the fp32 model
 inside the hole over the parity sweep (:func:`gantool.export.parity.default_cases`).
@@ -35,7 +35,15 @@ from gantool.core.errors import InputError, ModelError, first_line
 from gantool.core.processing import IMAGE_EXTENSIONS
 from gantool.export.parity import BackendSpec, ParityCase, default_cases, onnxruntime_backend, parity_sweep
 from gantool.export.provenance import redact_paths
-from gantool.export.sensitivity import ConvInfo, conv_infos, conv_sqnr, feed_reader, float_sets, float_share
+from gantool.export.sensitivity import (
+    FUSED_ACTIVATIONS,
+    ConvInfo,
+    conv_infos,
+    conv_sqnr,
+    feed_reader,
+    float_sets,
+    float_share,
+)
 from gantool.runtime.providers import open_session
 from gantool.training.data import (
     ImageFolderSource,
@@ -50,12 +58,6 @@ log = logging.getLogger(__name__)
 
 CALIBRATION_IMAGES = 8
 QUANTIZED_OPS = ("Conv", "ConvTranspose")
-# Quantized only to be fused: ONNX Runtime's quantizer removes a ReLU that follows a quantized
-# convolution and gives the convolution's output the ReLU's range (zero point 0, so the
-# QuantizeLinear clamps). Without it the convolution's output is rounded on a scale that spans its
-# negative values too, which a BatchNorm after the ReLU (GLCIC-PyTorch's conv -> ReLU -> BN)
-# magnifies on a channel that is rarely positive.
-FUSED_ACTIVATIONS = ("Relu",)
 
 
 class QuantizationError(ModelError):

@@ -14,12 +14,21 @@ the export refuses as before.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+# Quantized only to be fused: ONNX Runtime's quantizer removes such an activation after a quantized
+# convolution and gives the convolution's output the activation's range (for a ReLU zero point 0, so
+# the QuantizeLinear clamps). Unfused, the convolution's output is rounded on a scale that spans its
+# negative values too, which a BatchNorm after the ReLU (GLCIC-PyTorch's conv -> ReLU -> BN)
+# magnifies on a channel that is rarely positive. Each comes with the clamping its QuantizeLinear
+# then does: the export fuses these op types (gantool.export.quantize), and :func:`conv_sqnr`
+# clamps the values before that QuantizeLinear (the activation's input) the same way.
+FUSED_ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"Relu": lambda x: np.maximum(x, 0)}
 
 
 @dataclass(frozen=True)
@@ -35,7 +44,7 @@ class ConvInfo:
     input_activation: str | None = None  # the fusable activation node (a Relu) that writes its input, if any
 
 
-def conv_infos(path: Path, op_types: Sequence[str], size: int, activations: Sequence[str] = ()) -> list[ConvInfo]:
+def conv_infos(path: Path, op_types: Sequence[str], size: int, activations: Collection[str] = ()) -> list[ConvInfo]:
     """The convolutions of ``path`` in graph order, with their multiply-adds on one ``size`` x ``size``
     image, and the node of ``activations`` (op types) that writes each one's input, if any."""
     import onnx  # delayed: heavy import
@@ -156,18 +165,24 @@ def conv_sqnr(
     weights = create_weight_matching(str(float_path), str(qdq_path))
     # a convolution fused with its activation writes the activation's output tensor in the int8 model
     written = {node.name: node.output[0] for node in onnx.load(str(qdq_path)).graph.node}
-    # there its QuantizeLinear also does the ReLU's clamping: the values before it are the pre-ReLU
-    # ones, so they are clamped here too, and only the rounding counts as error
-    relu_outputs = {
-        out for node in onnx.load(str(float_path)).graph.node if node.op_type == "Relu" for out in node.output
+    # there its QuantizeLinear also does the activation's clamping: the values before it are the
+    # activation's input, so they are clamped here too, and only the rounding counts as error
+    clamps = {
+        out: FUSED_ACTIVATIONS[node.op_type]
+        for node in onnx.load(str(float_path)).graph.node
+        if node.op_type in FUSED_ACTIVATIONS
+        for out in node.output
     }
+
+    def clamped(tensor: str, values: Sequence[np.ndarray]) -> list[np.ndarray]:
+        clamp = clamps.get(tensor)
+        return [clamp(x) for x in values] if clamp is not None else list(values)
 
     def rounding(tensor: str, channels: int) -> float:
         pair = matched.get(tensor)
         if not pair:
             return 0.0
-        before = [np.maximum(x, 0) for x in pair["pre_qdq"]] if tensor in relu_outputs else pair["pre_qdq"]
-        return _channel_noise(before, pair["post_qdq"], channels)
+        return _channel_noise(clamped(tensor, pair["pre_qdq"]), pair["post_qdq"], channels)
 
     result = {}
     for conv in convs:
@@ -175,7 +190,7 @@ def conv_sqnr(
         own = rounding(conv.activation, conv.channels_in) + rounding(output, conv.channels_out)
         pair, seen = weights.get(conv.weight), matched.get(conv.activation)
         if pair is not None and seen is not None:
-            inputs = [np.maximum(x, 0) if conv.activation in relu_outputs else x for x in seen["pre_qdq"]]
+            inputs = clamped(conv.activation, seen["pre_qdq"])
             power = np.concatenate([x.reshape(conv.channels_in, -1) for x in inputs], 1)
             own += _weight_noise(pair["float"], pair["dequantized"], np.mean(power**2, axis=1), conv)
         result[conv.name] = -10 * math.log10(own) if own > 0 else math.inf
