@@ -344,8 +344,7 @@ def openvino_specs(
 ) -> list[BackendSpec]:
     """OpenVINO's CPU plugin on the exported ONNX files, at every precision it runs here:
     fp32 (``f32`` hint, judged by atol), bf16 where the CPU has it (hole PSNR gate), and the
-    int8 file (its gate). Appends to ``notes`` what was
-    not checked and why."""
+    int8 file (its gate). Appends to ``notes`` what was not checked and why."""
     from gantool.runtime import openvino  # delayed: imports openvino
 
     if "onnx" not in files:
