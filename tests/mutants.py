@@ -1300,8 +1300,10 @@ def check_snippets(root: Path, mutants: list[Mutant]) -> None:
 
 def copy_tree(dest: Path) -> None:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".pytest_cache")
-    for part in ("toolkit", "tests", "models"):  # models/: the shipped files some tests run
+    for part in ("toolkit", "tests"):
         shutil.copytree(REPO / part, dest / part, ignore=ignore)
+    if (REPO / "models").is_dir():  # the shipped files some tests run (absent from the tests' fake repos)
+        shutil.copytree(REPO / "models", dest / "models", ignore=ignore)
     for name in ("pyproject.toml", "README.md"):
         if (REPO / name).is_file():
             shutil.copy2(REPO / name, dest / name)
