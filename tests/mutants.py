@@ -912,6 +912,15 @@ MUTANTS: list[Mutant] = [
         ci=False,
     ),
     Mutant(
+        "serve_model_runs_never_release",
+        "serving/batcher.py",
+        "strategy, batch_size, self.crop_margin, self.release_memory_pixels)",
+        "strategy, batch_size, self.crop_margin, 0)",
+        (f"{MEMORY}::test_the_server_releases_through_its_runs_and_leaves_the_callers_backend_alone",),
+        why="the server's model runs kept ONNX Runtime's arena grown for good (it set the threshold on "
+        "the caller's backend before; now it passes it per run)",
+    ),
+    Mutant(
         "bench_ratio_from_medians_not_paired_rounds",
         "tools/interleave.py",
         "    ratios = [n / d for n, d in zip(numerator, denominator) if d > 0]",

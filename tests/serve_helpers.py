@@ -47,14 +47,14 @@ class GatedBackend:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def run(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def run(self, image: np.ndarray, mask: np.ndarray, release_memory_pixels: int = 0) -> np.ndarray:
         self.threads.add(threading.current_thread().name)
         self.batch_sizes.append(image.shape[0])
         self.entered.set()
         assert self.gate.wait(60), "the test never opened the gate"
         if self.fail_with is not None:
             raise self.fail_with
-        return self.inner.run(image, mask)
+        return self.inner.run(image, mask, release_memory_pixels)
 
 
 @pytest.fixture(scope="module")

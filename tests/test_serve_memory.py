@@ -100,8 +100,7 @@ def rss_kept_by_a_run(backend, side: int, release_memory_pixels: int) -> float:
         backend.run(*model_inputs(32))
     trim_heap()
     before = status_mb(os.getpid(), "VmRSS")
-    backend.release_memory_pixels = release_memory_pixels
-    out = backend.run(*model_inputs(side))
+    out = backend.run(*model_inputs(side), release_memory_pixels)
     del out
     trim_heap()  # what the server does after the request: what stays is the runtime's own arena
     return status_mb(os.getpid(), "VmRSS") - before
@@ -113,8 +112,7 @@ def test_a_releasing_run_gives_the_same_pixels_and_returns_the_arena(exported_mo
         backend = OnnxBackend(model, "cpu", precision)
         image, mask = model_inputs(64)
         plain = backend.run(image, mask)
-        backend.release_memory_pixels = 64 * 64
-        assert np.array_equal(backend.run(image, mask), plain), precision  # same session, same kernels
+        assert np.array_equal(backend.run(image, mask, 64 * 64), plain), precision  # same session, same kernels
     # ONNX Runtime's arena keeps a 768 x 768 run's activations (about 96 MB for the tiny model,
     # measured) unless the run shrinks it (measured 0-1 MB kept): the bound is a quarter of what
     # is kept without releasing, measured in this process just before.
@@ -129,6 +127,29 @@ def test_release_settings_and_trim():
     assert ServeSettings(release_memory_pixels=0).release_memory_pixels == 0
     with pytest.raises(InputError, match="--release-memory-pixels"):
         ServeSettings(release_memory_pixels=-1)
+
+
+def test_the_server_releases_through_its_runs_and_leaves_the_callers_backend_alone(inpainter: Inpainter):  # noqa: F811
+    # build_app used to switch releasing on by setting an attribute on the caller's backend, so
+    # an Inpainter handed to the server kept releasing (and paying for it) in the caller's own runs.
+    backend = inpainter.backend
+    state = dict(vars(backend))
+    released = []
+    real_run_releasing = backend._run_releasing
+    backend._run_releasing = lambda image, mask: released.append(image.shape) or real_run_releasing(image, mask)
+    try:
+        with live_server(build_app(inpainter, ServeSettings(release_memory_pixels=64 * 64))) as url:
+            wait_ready(url)
+            released.clear()  # the warm-up's runs
+            post(url, 64)
+            assert released, "a 64 x 64 request at a 64 * 64 threshold released nothing"
+        released.clear()
+        image, mask = model_inputs(64)
+        backend.run(image, mask)
+        assert released == []  # the caller's own run: never releasing unless it asks
+    finally:
+        del backend._run_releasing
+    assert vars(backend) == state
 
 
 def live_jobs() -> int:
@@ -172,9 +193,8 @@ def test_a_releasing_openvino_run_gives_the_same_pixels(exported_model):  # noqa
     backend = OpenVinoBackend(model, "cpu")
     image, mask = model_inputs(64)
     plain = backend.run(image, mask)
-    backend.release_memory_pixels = 64 * 64
-    assert np.array_equal(backend.run(image, mask), plain)  # released buffers, a new request: same pixels
-    assert np.array_equal(backend.run(image, mask), plain)
+    assert np.array_equal(backend.run(image, mask, 64 * 64), plain)  # released buffers, a new request: same pixels
+    assert np.array_equal(backend.run(image, mask, 64 * 64), plain)
 
 
 @pytest.mark.slow
@@ -215,8 +235,7 @@ def test_a_releasing_cuda_run_gives_the_same_pixels_and_shrinks_the_device_arena
         small = model_inputs(64)
         plain = backend.run(*small)
         before = gpu_used_mb()
-        backend.release_memory_pixels = release
-        backend.run(*model_inputs(2048))
+        backend.run(*model_inputs(2048), release)
         kept[release] = gpu_used_mb() - before
         assert np.array_equal(backend.run(*small), plain)  # after a shrink, the same pixels
         del backend

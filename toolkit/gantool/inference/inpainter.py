@@ -176,7 +176,9 @@ def _prepare(item: int, crop: np.ndarray, crop_mask: np.ndarray, window: Window,
     return _Task(item, window, padded_image, padded_mask, pad)
 
 
-def _run_grouped(backend: Backend, tasks: list[_Task], batch_size: int) -> list[np.ndarray]:
+def _run_grouped(
+    backend: Backend, tasks: list[_Task], batch_size: int, release_memory_pixels: int = 0
+) -> list[np.ndarray]:
     """Run tasks of the same shape together, at most ``batch_size`` at a time."""
     outputs: list[np.ndarray | None] = [None] * len(tasks)
     by_shape: dict[tuple[int, ...], list[int]] = {}
@@ -188,6 +190,7 @@ def _run_grouped(backend: Backend, tasks: list[_Task], batch_size: int) -> list[
             result = backend.run(
                 np.concatenate([tasks[i].image for i in chunk]),
                 np.concatenate([tasks[i].mask for i in chunk]),
+                release_memory_pixels,
             )
             for row, i in enumerate(chunk):
                 outputs[i] = result[row : row + 1]
@@ -206,15 +209,17 @@ def _fill_windows(
     batch_size: int,
     crop_margin: int | None,
     blend: str = DEFAULT_BLEND,
+    release_memory_pixels: int = 0,
 ) -> list[list[tuple[Window, np.ndarray]]]:
     """For each (pixels, mask): its windows and the model's float output for each,
-    at the window's own size, post-processed by ``blend`` (per window)."""
+    at the window's own size, post-processed by ``blend`` (per window).
+    ``release_memory_pixels``: see :meth:`Backend.run`."""
     tasks = []
     for item, (pixels, mask) in enumerate(items):
         for window in plan_windows(mask, strategy, backend.train_size, crop_margin):
             tasks.append(_prepare(item, pixels(window), mask[window.region], window, backend.size_multiple))
     fills: list[list[tuple[Window, np.ndarray]]] = [[] for _ in items]
-    for task, out in zip(tasks, _run_grouped(backend, tasks, batch_size)):
+    for task, out in zip(tasks, _run_grouped(backend, tasks, batch_size, release_memory_pixels)):
         filled = crop_padding(out, task.pad)[0].transpose(1, 2, 0)
         if task.window.scaled_to is not None:
             filled = resize_array(filled, (task.window.height, task.window.width))
@@ -266,14 +271,16 @@ def fill_images(
     strategy: str = DEFAULT_STRATEGY,
     batch_size: int = DEFAULT_INPAINT_BATCH,
     crop_margin: int | None = None,
+    release_memory_pixels: int = 0,
 ) -> list[ModelFills]:
     """The model step of :func:`inpaint_images`: for each (image, H x W mask), its
     windows and the model's float output for each, neither blended nor composited.
-    :func:`finish_image` turns one into the result, on any thread."""
+    :func:`finish_image` turns one into the result, on any thread. A model run over at
+    least ``release_memory_pixels`` pixels gives its memory back (:meth:`Backend.run`)."""
     for image, mask in items:
         check_mask_size(mask, image, "mask", "image")
     sources = [(_image_window_pixels(image), mask) for image, mask in items]
-    return _fill_windows(backend, sources, strategy, batch_size, crop_margin, "none")
+    return _fill_windows(backend, sources, strategy, batch_size, crop_margin, "none", release_memory_pixels)
 
 
 def finish_image(image: Image.Image, mask: np.ndarray, fills: ModelFills, blend: str = DEFAULT_BLEND) -> Image.Image:

@@ -87,9 +87,6 @@ class Backend:
 
     name = "backend"
     precision_note = "as requested"  # why this precision runs (set by load_backend for --precision auto)
-    # After a run over at least this many pixels (N x H x W), give the memory it needed back to the
-    # system (:meth:`_run_releasing`, then glibc's heap trimmed). 0: never (the CLI); the server sets it.
-    release_memory_pixels = 0
 
     def __init__(
         self, path: Path, metadata: dict[str, str], provider: str, provider_note: str, *, weights: Mapping[str, Any]
@@ -113,15 +110,18 @@ class Backend:
     def precision(self) -> str:
         return self.metadata.get(META_PRECISION, "fp32")
 
-    def run(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def run(self, image: np.ndarray, mask: np.ndarray, release_memory_pixels: int = 0) -> np.ndarray:
         """Inpaint NCHW float32 ``image`` (N x 3 x H x W) with ``mask`` (N x 1 x H x W, 1 = hole).
 
         H and W must be multiples of :attr:`size_multiple` (pad with
         :func:`gantool.core.processing.pad_to_multiple`). Returns N x 3 x H x W float32.
+        A run over at least ``release_memory_pixels`` pixels (N x H x W) gives the memory it
+        needed back to the system (:meth:`_run_releasing`, then glibc's heap trimmed); 0: never
+        (the CLI; the server passes its ``--release-memory-pixels``).
         """
         image, mask = self._check_inputs(image, mask)
         n, _, height, width = image.shape
-        release = 0 < self.release_memory_pixels <= n * height * width
+        release = 0 < release_memory_pixels <= n * height * width
         try:
             out = self._run_releasing(image, mask) if release else self._run(image, mask)
         except MemoryError:

@@ -330,12 +330,12 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
         settings.max_queue,
         inpainter.crop_margin,
         max_batch_pixels=settings.max_model_pixels,
+        release_memory_pixels=settings.release_memory_pixels,
     )
     counters = Counters()
     static = _static_files()
     info = model_info(inpainter, settings)
     backend = inpainter.backend
-    backend.release_memory_pixels = settings.release_memory_pixels  # the model's own runs
 
     def begin_shutdown() -> None:
         counters.draining = True

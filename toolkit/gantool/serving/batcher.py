@@ -59,8 +59,10 @@ class Batcher:
         max_queue: int,
         crop_margin: int | None = None,
         max_batch_pixels: int | None = None,
+        release_memory_pixels: int = 0,
     ) -> None:
         self.backend = backend
+        self.release_memory_pixels = release_memory_pixels  # passed to every model run (Backend.run)
         self.max_batch = max_batch
         self.wait_s = wait_s
         self.max_queue = max_queue
@@ -198,15 +200,15 @@ class Batcher:
             by_strategy.setdefault(job.strategy, []).append(job)
         for strategy, jobs in by_strategy.items():
             try:
-                results: list[ModelFills] | None = fill_images(
-                    self.backend, [(j.image, j.mask) for j in jobs], strategy, self.max_batch, self.crop_margin
+                results: list[ModelFills] | None = self._fill(
+                    [(j.image, j.mask) for j in jobs], strategy, self.max_batch
                 )
             except Exception:  # retried one by one below, so one bad job fails alone
                 results = None
             for index, job in enumerate(jobs):
                 try:
                     if results is None:
-                        result = fill_images(self.backend, [(job.image, job.mask)], strategy, 1, self.crop_margin)[0]
+                        result = self._fill([(job.image, job.mask)], strategy, 1)[0]
                     else:
                         result = results[index]
                 except Exception as e:  # the worker thread must survive any job; the request gets the error
@@ -215,3 +217,6 @@ class Batcher:
                     job.future.set_result(result)
         self.batches += 1
         self.images += len(live)
+
+    def _fill(self, items: list[tuple[Image.Image, np.ndarray]], strategy: str, batch_size: int) -> list[ModelFills]:
+        return fill_images(self.backend, items, strategy, batch_size, self.crop_margin, self.release_memory_pixels)

@@ -91,7 +91,8 @@ class _TracedTorchScript:
         self.size_multiple, self.train_size = eager.size_multiple, eager.train_size
         self.precision = "fp32"
 
-    def run(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def run(self, image: np.ndarray, mask: np.ndarray, release_memory_pixels: int = 0) -> np.ndarray:
+        # release_memory_pixels: ignored (torch's CPU allocator keeps no arena to give back)
         with torch.inference_mode():
             out = self.module(torch.from_numpy(image).to(self.device), torch.from_numpy(mask).to(self.device))
         return out.float().cpu().numpy()
@@ -275,10 +276,10 @@ class _TimedBackend:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._backend, name)
 
-    def run(self, image: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def run(self, image: np.ndarray, mask: np.ndarray, release_memory_pixels: int = 0) -> np.ndarray:
         start = time.perf_counter()
         try:
-            return self._backend.run(image, mask)
+            return self._backend.run(image, mask, release_memory_pixels)
         finally:
             self.run_seconds += time.perf_counter() - start
             self.calls += 1
