@@ -70,14 +70,21 @@ def test_each_export_file_name_and_metadata_key_is_written_once() -> None:
         assert literals.count(fact) == 1, f"{fact!r} appears {literals.count(fact)} times as a string literal"
 
 
-
 def test_each_run_folder_name_is_written_once() -> None:
     # The run folder's layout lives in gantool.core.constants; train, runfolder, runs, tracking,
     # export and artifacts name its files through it (runs.py once repeated them as literals).
     from gantool.core import constants
+
     literals = _string_literals()
-    names = [constants.RUN_FILE, constants.RUN_CONFIG_FILE, constants.METRICS_FILE, constants.STATUS_FILE,
-             constants.CHECKPOINTS_DIR, constants.LAST_CHECKPOINT, constants.SAMPLES_DIR]  # ("export" is also a command)
+    names = [
+        constants.RUN_FILE,
+        constants.RUN_CONFIG_FILE,
+        constants.METRICS_FILE,
+        constants.STATUS_FILE,
+        constants.CHECKPOINTS_DIR,
+        constants.LAST_CHECKPOINT,
+        constants.SAMPLES_DIR,
+    ]  # ("export" is also a command)
     for name in names:
         assert literals.count(name) == 1, f"{name!r} appears {literals.count(name)} times as a string literal"
 
@@ -106,6 +113,23 @@ def upward_imports(mods: dict[str, Path]) -> list[str]:
             if there is not None and there > here:
                 bad.append(f"{name} -> {dep}")
     return sorted(bad)
+
+
+def test_signal_handlers_are_installed_in_one_place() -> None:
+    """Training, export, serve, the launcher and ``--ray`` each say what a stop means; installing and
+    putting back handlers (main thread only) is gantool.core.signals' alone."""
+    owner = PACKAGE / "core" / "signals.py"
+    setting = [
+        f"{path.relative_to(PACKAGE)}:{node.lineno}"
+        for path in PACKAGE.rglob("*.py")
+        if path != owner
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute)
+        and node.attr == "signal"
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "signal"
+    ]
+    assert not setting, f"signal.signal outside gantool.core.signals: {setting}"
 
 
 def test_package_has_only_the_entry_modules_at_the_top() -> None:
@@ -211,7 +235,9 @@ def test_no_function_over_the_limit_without_a_reason() -> None:
 def test_the_function_length_check_wants_a_reason(tmp_path: Path) -> None:
     body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
     doc = '    """A docstring\n    of three\n    lines."""\n'
-    (tmp_path / "m.py").write_text(f"def short():\n{doc}{body[: -len(body.splitlines()[-1]) - 1]}\n\ndef big():\n{body}")
+    (tmp_path / "m.py").write_text(
+        f"def short():\n{doc}{body[: -len(body.splitlines()[-1]) - 1]}\n\ndef big():\n{body}"
+    )
     assert long_functions(tmp_path / "m.py", "m.py") == [f"m.py::big ({MAX_FUNCTION_LINES + 1} lines)"]
     (tmp_path / "m.py").write_text(f"# long: one table of steps, read top to bottom\n@decorator\ndef big():\n{body}")
     assert long_functions(tmp_path / "m.py", "m.py") == []
@@ -219,4 +245,3 @@ def test_the_function_length_check_wants_a_reason(tmp_path: Path) -> None:
     assert long_functions(tmp_path / "m.py", "m.py") == []
     (tmp_path / "m.py").write_text(f"def big():\n    # long:\n{body}")  # a reason must say something
     assert long_functions(tmp_path / "m.py", "m.py") == [f"m.py::big ({MAX_FUNCTION_LINES + 2} lines)"]
-

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
@@ -21,6 +20,7 @@ from gantool.core.constants import (
     PREFER_CHOICES,
 )
 from gantool.core.errors import GantoolError
+from gantool.core.signals import STOP_SIGNALS, handlers_installed
 
 
 class _Terminated(BaseException):
@@ -40,22 +40,17 @@ def _signals_end_the_export() -> Iterator[list[int]]:
         seen.append(signum)
         raise KeyboardInterrupt if signum == signal.SIGINT else _Terminated
 
-    main = threading.current_thread() is threading.main_thread()  # only there can a handler be set
-    stops = (signal.SIGINT, signal.SIGTERM)
-    old = {sig: signal.signal(sig, on_signal) for sig in stops} if main else {}
-    try:
-        yield seen
-    except GantoolError:
-        if not seen:
-            raise
-        _stopped(seen[0])
-    except KeyboardInterrupt:
-        _stopped(signal.SIGINT)
-    except _Terminated:
-        _stopped(signal.SIGTERM)
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+    with handlers_installed(dict.fromkeys(STOP_SIGNALS, on_signal)):
+        try:
+            yield seen
+        except GantoolError:
+            if not seen:
+                raise
+            _stopped(seen[0])
+        except KeyboardInterrupt:
+            _stopped(signal.SIGINT)
+        except _Terminated:
+            _stopped(signal.SIGTERM)
 
 
 def _stopped(signum: int) -> NoReturn:

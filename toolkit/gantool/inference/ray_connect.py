@@ -29,6 +29,7 @@ from typing import Any
 
 from gantool.core.errors import InputError, first_line
 from gantool.core.fileio import ensure_writable_dir
+from gantool.core.signals import handlers_installed
 
 
 class Terminated(KeyboardInterrupt):
@@ -43,9 +44,6 @@ class Terminated(KeyboardInterrupt):
 def sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM raises :class:`Terminated` in the main thread while the run is on (elsewhere:
     untouched). Only the first: a repeated SIGTERM must not cut the manifest's completion short."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     raised: list[int] = []
 
     def handler(signum: int, frame: Any) -> None:
@@ -53,13 +51,9 @@ def sigterm_as_interrupt() -> Iterator[None]:
             raised.append(signum)
             raise Terminated(signum)
 
-    previous = signal.signal(signal.SIGTERM, handler)
-    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C: KeyboardInterrupt
-    try:
+    # Ctrl-C: KeyboardInterrupt, whatever handler was there before
+    with handlers_installed({signal.SIGTERM: handler, signal.SIGINT: signal.default_int_handler}):
         yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGINT, previous_int)
 
 
 # Ray Data threads that sit parked once their iterator is closed: they call Ray only when fed.
@@ -417,11 +411,5 @@ def quiet_logger(name: str, drop: logging.Filter | None = None) -> Iterator[None
 def shielded() -> Iterator[None]:
     """Ctrl-C held off (main thread) while the manifest is completed: a second Ctrl-C during the
     wind-down would otherwise leave it half-written. The wind-down is short (Ray's shutdown)."""
-    if threading.current_thread() is not threading.main_thread():
+    with handlers_installed({signal.SIGINT: signal.SIG_IGN}):
         yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)

@@ -19,7 +19,6 @@ import os
 import signal
 import socket
 import sys
-import threading
 from collections.abc import Callable, Generator
 from http import HTTPStatus
 from types import FrameType
@@ -30,6 +29,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gantool.core.errors import InputError
+from gantool.core.signals import STOP_SIGNALS, handlers_installed
 from gantool.serving.limits import error_body
 from gantool.serving.settings import ServeSettings
 
@@ -141,19 +141,12 @@ class GantoolServer(uvicorn.Server):
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
-        if threading.current_thread() is not threading.main_thread():
+        # After a signal the handlers stay: a second one, even while the process winds
+        # down, exits at once (never a KeyboardInterrupt traceback).
+        with handlers_installed(
+            dict.fromkeys(STOP_SIGNALS, self.handle_exit), restore=lambda: self.signal_received is None
+        ):
             yield
-            return
-        signals = (signal.SIGINT, signal.SIGTERM)
-        originals = {sig: signal.signal(sig, self.handle_exit) for sig in signals}
-        try:
-            yield
-        finally:
-            # After a signal the handlers stay: a second one, even while the process winds
-            # down, exits at once (never a KeyboardInterrupt traceback).
-            if self.signal_received is None:
-                for sig, handler in originals.items():
-                    signal.signal(sig, handler)
         # uvicorn re-raises the signal here (a KeyboardInterrupt for SIGINT): run_server returns it instead.
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:

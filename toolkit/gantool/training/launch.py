@@ -47,6 +47,7 @@ from typing import Any
 
 from gantool.core.constants import CHECKPOINTS_DIR, DEFAULT_COLLECTIVE_TIMEOUT_S, LAST_CHECKPOINT, STATUS_FILE
 from gantool.core.errors import InputError, ProcessLostError, TrainingError, first_line
+from gantool.core.signals import handlers_installed
 
 log = logging.getLogger(__name__)
 
@@ -190,11 +191,8 @@ def _forward_sigusr1() -> Iterator[None]:
             with contextlib.suppress(OSError):
                 os.kill(pid, signum)
 
-    previous = signal.signal(sig, forward)
-    try:
+    with handlers_installed({sig: forward}):
         yield
-    finally:
-        signal.signal(sig, previous)
 
 
 def launch(

@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import threading
 from collections.abc import Iterator
 from typing import Any
 
-# Stop at the next step boundary with a checkpoint: Ctrl-C, and what SLURM, Kubernetes,
-# `timeout` and torchrun send to end a job.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+from gantool.core.signals import STOP_SIGNALS, Handler, handlers_installed
+
 # Write a checkpoint at the next step boundary and keep training (POSIX only).
 CHECKPOINT_SIGNAL: signal.Signals | None = getattr(signal, "SIGUSR1", None)
 
@@ -59,18 +57,10 @@ class StopFlag:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopFlag]:
-        """The handlers, from here until the block ends (main thread only; elsewhere a no-op)."""
-        if threading.current_thread() is not threading.main_thread():
-            yield self
-            return
-        handlers: dict[signal.Signals, Any] = {sig: self.stop for sig in STOP_SIGNALS}
+        """The handlers, from here until the block ends (main thread only; elsewhere a no-op).
+        SIGINT and SIGTERM stop (:data:`gantool.core.signals.STOP_SIGNALS`)."""
+        handlers: dict[signal.Signals, Handler] = {sig: self.stop for sig in STOP_SIGNALS}
         if CHECKPOINT_SIGNAL is not None:
             handlers[CHECKPOINT_SIGNAL] = self.checkpoint_now
-        previous = {sig: signal.getsignal(sig) for sig in handlers}
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-        try:
+        with handlers_installed(handlers):
             yield self
-        finally:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
