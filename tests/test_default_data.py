@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pytest
 from PIL import Image
+
+from numerics import fp32_tol
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "make_default_data.py"
@@ -71,8 +75,12 @@ def test_large_photos_are_capped_and_missing_sources_are_one_line(tmp_path: Path
     assert [p.stem for p in written["train"]] == ["Dune"]
     assert Image.open(written["train"][0]).size == (script.PHOTO_MAX_SIDE, 50)
 
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "none"), "--debian", str(tmp_path / "empty")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path / "none"), "--debian", str(tmp_path / "empty")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert "skipping Debian's photographs: none under" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -83,7 +91,32 @@ def test_an_existing_output_folder_is_never_written_into(tmp_path: Path):
     out = tmp_path / "data"
     out.mkdir()
     (out / "mine.txt").write_text("keep")
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(out), "--debian", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), str(out), "--debian", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 1 and "not empty" in proc.stderr
     assert sorted(p.name for p in out.iterdir()) == ["mine.txt"]
+
+
+def test_the_harmonic_target_solves_laplaces_equation_in_the_hole():
+    """examples/learn_harmonic_target.py's target: known pixels kept, a linear ramp (harmonic)
+    reproduced exactly, and each hole pixel the mean of its four neighbours."""
+    pytest.importorskip("scipy", reason='the harmonic target needs scipy (pip install "gantool[demo]")')
+    spec = importlib.util.spec_from_file_location(
+        "learn_harmonic_target", REPO / "examples" / "learn_harmonic_target.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yy, xx = np.mgrid[0:24, 0:20].astype(np.float32)
+    ramp = np.stack([0.01 * xx, 0.02 * yy, 0.5 + 0.005 * (xx - yy)])
+    mask = np.zeros((24, 20), np.float32)
+    mask[5:15, 4:17] = 1.0
+    filled = module.harmonic_fill(np.where(mask > 0, 0.9, ramp).astype(np.float32), mask)
+    # float64 solves rounded to float32: a few ulps
+    np.testing.assert_allclose(filled, ramp, rtol=0, atol=fp32_tol(ramp, 4))
+    rng = np.random.default_rng(0)
+    noisy = rng.random((3, 24, 20)).astype(np.float32)
+    filled = module.harmonic_fill(noisy, mask)
+    assert np.array_equal(filled[:, mask == 0], noisy[:, mask == 0])
+    neighbours = (filled[:, 4:14, 4:17] + filled[:, 6:16, 4:17] + filled[:, 5:15, 3:16] + filled[:, 5:15, 5:18]) / 4
+    np.testing.assert_allclose(filled[:, 5:15, 4:17], neighbours, rtol=0, atol=fp32_tol(filled, 4))
