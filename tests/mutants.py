@@ -921,6 +921,15 @@ MUTANTS: list[Mutant] = [
         "the caller's backend before; now it passes it per run)",
     ),
     Mutant(
+        "signal_handlers_put_back_after_a_served_signal",
+        "core/signals.py",
+        "        if restore():",
+        "        if True:",
+        ("test_signals.py::test_restore_false_keeps_the_handlers",),
+        why="serve put the default handlers back once a signal came: a second Ctrl-C while it drained "
+        "was a KeyboardInterrupt traceback, not an exit at once",
+    ),
+    Mutant(
         "bench_ratio_from_medians_not_paired_rounds",
         "tools/interleave.py",
         "    ratios = [n / d for n, d in zip(numerator, denominator) if d > 0]",
