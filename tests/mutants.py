@@ -1302,19 +1302,21 @@ def select(names: list[str] | None, ci: bool) -> list[Mutant]:
 
 
 def check_snippets(root: Path, mutants: list[Mutant]) -> None:
-    """Every old snippet must occur exactly once in its file, or the list needs updating."""
+    """Every old snippet must occur exactly once in its file, or the list needs updating; the
+    error names every mutant that does not, one per line (a refactor often moves several)."""
+    problems = []
     for m in mutants:
         path = root / PACKAGE / m.file
         if not path.is_file():
-            raise ListError(f"mutant {m.name}: file {PACKAGE}/{m.file} not found - update tests/mutants.py")
+            problems.append(f"mutant {m.name}: file {PACKAGE}/{m.file} not found")
+            continue
         count = path.read_text(encoding="utf-8").count(m.old)
         if count == 0:
-            raise ListError(f"mutant {m.name}: snippet not found in {PACKAGE}/{m.file} - update tests/mutants.py")
-        if count > 1:
-            raise ListError(
-                f"mutant {m.name}: snippet found {count} times in {PACKAGE}/{m.file} "
-                "(must be unique) - update tests/mutants.py"
-            )
+            problems.append(f"mutant {m.name}: snippet not found in {PACKAGE}/{m.file}")
+        elif count > 1:
+            problems.append(f"mutant {m.name}: snippet found {count} times in {PACKAGE}/{m.file} (must be unique)")
+    if problems:
+        raise ListError("\n".join(problems) + "\n- update tests/mutants.py")
 
 
 def copy_tree(dest: Path) -> None:

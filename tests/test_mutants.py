@@ -44,12 +44,37 @@ def test_every_mutant_is_well_formed_and_its_snippet_and_tests_exist():
     finally:
         sys.path.remove(str(REPO / "tests"))
     chosen = mutants.select(None, ci=False)
-    mutants.check_snippets(REPO, chosen)  # raises ListError naming the mutant
+    mutants.check_snippets(REPO, chosen)  # raises ListError naming every stale mutant
     for m in chosen:
         assert all(isinstance(v, str) for v in (m.name, m.file, m.old, m.new)), m.name
         assert m.tests and all(isinstance(t, str) for t in m.tests), m.name
         for node in m.tests:
             assert (REPO / "tests" / node.split("::")[0]).is_file(), f"{m.name}: {node}"
+
+
+def test_stale_snippets_are_all_named_at_once(tmp_path):
+    """After a refactor several snippets go stale together: the error lists each (missing file,
+    snippet gone, snippet repeated), not only the first, so one run shows what to update."""
+    sys.path.insert(0, str(REPO / "tests"))
+    try:
+        import mutants
+    finally:
+        sys.path.remove(str(REPO / "tests"))
+    package = tmp_path / mutants.PACKAGE
+    package.mkdir(parents=True)
+    (package / "a.py").write_text("x = 1\ny = 2\ny = 2\n", encoding="utf-8")
+    planted = [
+        mutants.Mutant("fine", "a.py", "x = 1", "x = 0", ("t.py",)),
+        mutants.Mutant("gone", "a.py", "z = 3", "z = 0", ("t.py",)),
+        mutants.Mutant("twice", "a.py", "y = 2", "y = 0", ("t.py",)),
+        mutants.Mutant("moved", "b.py", "x = 1", "x = 0", ("t.py",)),
+    ]
+    with pytest.raises(mutants.ListError) as raised:
+        mutants.check_snippets(tmp_path, planted)
+    lines = str(raised.value).splitlines()
+    assert [line.split(":")[0] for line in lines[:-1]] == ["mutant gone", "mutant twice", "mutant moved"]
+    assert "found 2 times" in lines[1] and "not found" in lines[2] and "update tests/mutants.py" in lines[-1]
+    mutants.check_snippets(tmp_path, planted[:1])  # a matching list passes
 
 
 @pytest.mark.slow  # developer tooling (not gantool itself): pytest runs in copies of the tree
