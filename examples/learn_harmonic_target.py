@@ -13,7 +13,10 @@ holes are fixed, so the mapping is a finite table the network only has to fit.
 prints, every ``--report-every`` steps, each set's hole MSE (the first 128 training crops, 64 held-out) to the harmonic target as a ratio to
 the push-pull fill's (1.0: the network adds nothing; 0.0: it reproduces the target), and at the
 start how much closer to the truth the target is than the fill. ``--crops 8`` (one batch) is the
-control: there the same loop drives the ratio down.
+control: there the same loop drives the ratio down. ``--network full-res`` trains a control
+architecture instead: 8 dilated 3x3 convolutions at full resolution (no downsampling), a linear
+correction of the push-pull fill, its last convolution starting at 0, to tell whether GLCIC's
+quarter-resolution body is what stops the learning.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import scipy.sparse
 import scipy.sparse.linalg
 import torch
 from PIL import Image
+from torch import nn
 
 from gantool.core.config import ModelConfig
 from gantool.nn.masks import box_mask
@@ -58,6 +62,35 @@ def harmonic_fill(image: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return out
 
 
+class FullResolutionCorrection(nn.Module):
+    """The control: dilated 3x3 conv -> BN -> ReLU blocks at full resolution (receptive field
+    133 px), then a linear correction of the push-pull fill; known pixels composited back."""
+
+    def __init__(
+        self, fill: tuple[float, ...], width: int = 32, dilations: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 1, 1)
+    ):
+        super().__init__()
+        layers: list[nn.Module] = []
+        channels = 4
+        for d in dilations:
+            layers += [
+                nn.Conv2d(channels, width, 3, padding=d, dilation=d, bias=False),
+                nn.BatchNorm2d(width),
+                nn.ReLU(),
+            ]
+            channels = width
+        last = nn.Conv2d(width, 3, 3, padding=1)
+        nn.init.zeros_(last.weight), nn.init.zeros_(last.bias)
+        self.body = nn.Sequential(*layers, last)
+        self.register_buffer("fill", torch.tensor(fill).view(1, 3, 1, 1))
+
+    def forward(self, image: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        known = 1.0 - mask
+        fill = push_pull_fill(image, known, self.fill)
+        correction = self.body(torch.cat([image * known + fill * mask, mask], dim=1))
+        return image * known + (fill + correction) * mask
+
+
 def make_set(folder: str, count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``count`` fixed 128 px crops (windows of 128-512 px), one 32-64 px box hole each, and their
     harmonic fills."""
@@ -84,6 +117,9 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--report-every", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--network", choices=("glcic", "full-res"), default="glcic", help="the default generator, or the control"
+    )
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
@@ -92,13 +128,18 @@ def main() -> None:
     val = make_set(args.heldout, 64, args.seed + 1)
     print(f"sets: {args.crops} training crops, 64 held-out crops ({time.perf_counter() - started:.0f} s)")
     mean_pixel = tuple(float(v) for v in train[0].mean(dim=(0, 2, 3)))
-    net = CompletionNetwork(ModelConfig(width=32, size=128, local_size=64, fill=mean_pixel, hole_fill="push-pull"))
+    if args.network == "glcic":
+        net: nn.Module = CompletionNetwork(
+            ModelConfig(width=32, size=128, local_size=64, fill=mean_pixel, hole_fill="push-pull")
+        )
+    else:
+        net = FullResolutionCorrection(mean_pixel)
     optimizer = torch.optim.Adam(net.parameters(), lr=args.lr, betas=(0.5, 0.999))
     fill_mse = {}
     # Scored on the first 128 training crops (a forward over all of them takes a minute on 2 cores).
     scored = {"train": tuple(t[:128] for t in train), "held-out": val}
     for name, (images, masks, targets) in scored.items():
-        fills = push_pull_fill(images, 1.0 - masks, net.fill)
+        fills = push_pull_fill(images, 1.0 - masks, torch.tensor(mean_pixel).view(1, 3, 1, 1))
         composited = images * (1 - masks) + fills * masks
         fill_mse[name] = hole_mse(composited, targets, masks)
         truth_ratio = hole_mse(targets, images, masks) / hole_mse(composited, images, masks)

@@ -98,15 +98,20 @@ def test_an_existing_output_folder_is_never_written_into(tmp_path: Path):
     assert sorted(p.name for p in out.iterdir()) == ["mine.txt"]
 
 
-def test_the_harmonic_target_solves_laplaces_equation_in_the_hole():
-    """examples/learn_harmonic_target.py's target: known pixels kept, a linear ramp (harmonic)
-    reproduced exactly, and each hole pixel the mean of its four neighbours."""
+def _learn_harmonic_target():
     pytest.importorskip("scipy", reason='the harmonic target needs scipy (pip install "gantool[demo]")')
     spec = importlib.util.spec_from_file_location(
         "learn_harmonic_target", REPO / "examples" / "learn_harmonic_target.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_the_harmonic_target_solves_laplaces_equation_in_the_hole():
+    """examples/learn_harmonic_target.py's target: known pixels kept, a linear ramp (harmonic)
+    reproduced exactly, and each hole pixel the mean of its four neighbours."""
+    module = _learn_harmonic_target()
     yy, xx = np.mgrid[0:24, 0:20].astype(np.float32)
     ramp = np.stack([0.01 * xx, 0.02 * yy, 0.5 + 0.005 * (xx - yy)])
     mask = np.zeros((24, 20), np.float32)
@@ -120,3 +125,27 @@ def test_the_harmonic_target_solves_laplaces_equation_in_the_hole():
     assert np.array_equal(filled[:, mask == 0], noisy[:, mask == 0])
     neighbours = (filled[:, 4:14, 4:17] + filled[:, 6:16, 4:17] + filled[:, 5:15, 3:16] + filled[:, 5:15, 5:18]) / 4
     np.testing.assert_allclose(filled[:, 5:15, 4:17], neighbours, rtol=0, atol=fp32_tol(filled, 4))
+
+
+def test_the_full_resolution_control_starts_as_the_push_pull_fill():
+    """The control network of examples/learn_harmonic_target.py (--network full-res): untrained it
+    returns the push-pull fill in the hole (its last convolution starts at 0) and the known pixels
+    unchanged, and one step on a batch moves its output."""
+    import torch
+
+    from gantool.nn.networks import push_pull_fill
+
+    module = _learn_harmonic_target()
+    torch.manual_seed(0)
+    net = module.FullResolutionCorrection((0.5, 0.4, 0.3), width=8, dilations=(1, 2))
+    image = torch.rand(2, 3, 24, 20)
+    mask = torch.zeros(2, 1, 24, 20)
+    mask[:, :, 6:16, 5:14] = 1.0
+    fill = push_pull_fill(image, 1.0 - mask, net.fill)
+    out = net(image, mask)
+    assert torch.equal(out, image * (1 - mask) + fill * mask)
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-2)
+    (((net(image, mask) - image) ** 2) * mask).sum().backward()
+    optimizer.step()
+    moved = net(image, mask)
+    assert torch.equal(moved * (1 - mask), image * (1 - mask)) and not torch.equal(moved, out)
