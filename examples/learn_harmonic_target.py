@@ -33,7 +33,7 @@ from torch import nn
 
 from gantool.core.config import ModelConfig
 from gantool.nn.masks import box_mask
-from gantool.nn.networks import CompletionNetwork, push_pull_fill
+from gantool.nn.networks import CompletionNetwork, hole_input, push_pull_fill
 from gantool.training.data import find_images, random_scaled_crop
 
 
@@ -85,10 +85,8 @@ class FullResolutionCorrection(nn.Module):
         self.register_buffer("fill", torch.tensor(fill).view(1, 3, 1, 1))
 
     def forward(self, image: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        known = 1.0 - mask
-        fill = push_pull_fill(image, known, self.fill)
-        correction = self.body(torch.cat([image * known + fill * mask, mask], dim=1))
-        return image * known + (fill + correction) * mask
+        x, fill = hole_input(image, mask, self.fill, "push-pull")  # the generator's own input
+        return image * (1.0 - mask) + (fill + self.body(x)) * mask
 
 
 def make_set(folder: str, count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
