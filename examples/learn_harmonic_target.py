@@ -17,11 +17,17 @@ control: there the same loop drives the ratio down. ``--network full-res`` train
 architecture instead: 8 dilated 3x3 convolutions at full resolution (no downsampling), a linear
 correction of the push-pull fill, its last convolution starting at 0, to tell whether GLCIC's
 quarter-resolution body is what stops the learning.
+
+``--fresh`` draws new crops and holes (``--masks``) every step instead of the fixed set, ``--bf16``
+trains under bf16 autocast, and ``--save generator.safetensors`` writes the network at every
+report, so ``gantool train --init-from`` can go on from it on the photographs themselves (the
+distil-then-train pilot of models/README.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 import numpy as np
@@ -31,9 +37,11 @@ import torch
 from PIL import Image
 from torch import nn
 
+from gantool.core.artifacts import META_MODEL_CONFIG
 from gantool.core.config import ModelConfig
-from gantool.nn.masks import box_mask
+from gantool.nn.masks import generate_mask
 from gantool.nn.networks import CompletionNetwork, hole_input, push_pull_fill
+from gantool.training.checkpoint import save_generator_weights
 from gantool.training.data import find_images, random_scaled_crop
 
 
@@ -41,24 +49,33 @@ def harmonic_fill(image: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """``image`` (3 x H x W) with the holes (``mask`` H x W, 1 = hole) solving Laplace's equation,
     the known pixels as the boundary (4-neighbours; the image's edge a mirror)."""
     height, width = mask.shape
-    hole = np.argwhere(mask > 0.5)
+    ys, xs = np.nonzero(mask > 0.5)
+    count = len(ys)
     index = -np.ones((height, width), np.int64)
-    index[hole[:, 0], hole[:, 1]] = np.arange(len(hole))
-    rows, cols, vals = [], [], []
-    rhs = np.zeros((len(hole), 3))
-    for k, (y, x) in enumerate(hole):
-        neighbours = [(y + dy, x + dx) for dy, dx in ((-1, 0), (1, 0), (0, -1), (0, 1))]
-        neighbours = [(ny, nx) for ny, nx in neighbours if 0 <= ny < height and 0 <= nx < width]
-        rows.append(k), cols.append(k), vals.append(float(len(neighbours)))
-        for ny, nx in neighbours:
-            if index[ny, nx] >= 0:
-                rows.append(k), cols.append(int(index[ny, nx])), vals.append(-1.0)
-            else:
-                rhs[k] += image[:, ny, nx]
-    system = scipy.sparse.csr_matrix((vals, (rows, cols)), shape=(len(hole), len(hole)))
+    index[ys, xs] = np.arange(count)
+    degree = np.zeros(count)
+    rhs = np.zeros((count, 3))
+    rows, cols = [], []
+    for dy, dx in ((-1, 0), (1, 0), (0, -1), (0, 1)):
+        ny, nx = ys + dy, xs + dx
+        inside = (ny >= 0) & (ny < height) & (nx >= 0) & (nx < width)
+        degree += inside
+        k, ny, nx = np.nonzero(inside)[0], ny[inside], nx[inside]
+        neighbour = index[ny, nx]
+        unknown = neighbour >= 0
+        rows.append(k[unknown]), cols.append(neighbour[unknown])
+        np.add.at(rhs, k[~unknown], image[:, ny[~unknown], nx[~unknown]].T)
+    off_rows, off_cols = np.concatenate(rows), np.concatenate(cols)
+    system = scipy.sparse.csr_matrix(
+        (
+            np.concatenate([degree, -np.ones(len(off_rows))]),
+            (np.concatenate([np.arange(count), off_rows]), np.concatenate([np.arange(count), off_cols])),
+        ),
+        shape=(count, count),
+    )
     out = image.copy()
     solved = scipy.sparse.linalg.spsolve(system.tocsc(), rhs)
-    out[:, hole[:, 0], hole[:, 1]] = np.asarray(solved, np.float32).reshape(len(hole), 3).T
+    out[:, ys, xs] = np.asarray(solved, np.float32).reshape(count, 3).T
     return out
 
 
@@ -89,17 +106,21 @@ class FullResolutionCorrection(nn.Module):
         return image * (1.0 - mask) + (fill + self.body(x)) * mask
 
 
-def make_set(folder: str, count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``count`` fixed 128 px crops (windows of 128-512 px), one 32-64 px box hole each, and their
-    harmonic fills."""
+def make_set(
+    folder: str | list[Image.Image], count: int, seed: int | np.random.Generator, masks: str = "box"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``count`` 128 px crops (windows of 128-512 px), one 32-64 px hole each (``masks``: box,
+    free or mixed, gantool's generators), and their harmonic fills."""
     rng = np.random.default_rng(seed)
-    photos = [Image.open(p).convert("RGB") for p in find_images(folder)]
-    images, masks, targets = [], [], []
+    photos = [Image.open(p).convert("RGB") for p in find_images(folder)] if isinstance(folder, str) else folder
+    images, holes, targets = [], [], []
     for i in range(count):
-        crop = random_scaled_crop(photos[i % len(photos)], 128, (1.0, 4.0), rng)
-        mask, _ = box_mask(rng, 128, 64)
-        images.append(crop), masks.append(mask[None]), targets.append(harmonic_fill(crop, mask))
-    return tuple(torch.from_numpy(np.stack(a)) for a in (images, masks, targets))  # type: ignore[return-value]
+        photo = photos[i % len(photos)] if count >= len(photos) else photos[int(rng.integers(len(photos)))]
+        crop = random_scaled_crop(photo, 128, (1.0, 4.0), rng)
+        mask, _ = generate_mask(masks, rng, 128, 64)
+        mask = mask.astype(np.float32)
+        images.append(crop), holes.append(mask[None]), targets.append(harmonic_fill(crop, mask))
+    return tuple(torch.from_numpy(np.stack(a)) for a in (images, holes, targets))  # type: ignore[return-value]
 
 
 def hole_mse(out: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> float:
@@ -118,7 +139,15 @@ def main() -> None:
     parser.add_argument(
         "--network", choices=("glcic", "full-res"), default="glcic", help="the default generator, or the control"
     )
+    parser.add_argument(
+        "--fresh", action="store_true", help="new random crops and holes every step (the photos decoded once)"
+    )
+    parser.add_argument("--masks", choices=("box", "free", "mixed"), default="box", help="the training holes")
+    parser.add_argument("--bf16", action="store_true", help="train under bf16 autocast (as gantool train's amp)")
+    parser.add_argument("--save", help="write the trained generator here (safetensors; for gantool train --init-from)")
     args = parser.parse_args()
+    if args.save and args.network != "glcic":
+        parser.error("--save needs --network glcic (gantool's generator)")
 
     torch.manual_seed(args.seed)
     started = time.perf_counter()
@@ -128,7 +157,9 @@ def main() -> None:
     mean_pixel = tuple(float(v) for v in train[0].mean(dim=(0, 2, 3)))
     if args.network == "glcic":
         net: nn.Module = CompletionNetwork(
-            ModelConfig(width=32, size=128, local_size=64, fill=mean_pixel, hole_fill="push-pull")
+            ModelConfig(
+                width=32, disc_width=32, disc_fc=512, size=128, local_size=64, fill=mean_pixel, hole_fill="push-pull"
+            )
         )
     else:
         net = FullResolutionCorrection(mean_pixel)
@@ -160,15 +191,24 @@ def main() -> None:
 
     report(0)
     rng = np.random.default_rng(args.seed)
+    photos = [Image.open(p).convert("RGB") for p in find_images(args.data)] if args.fresh else []
     for step in range(1, args.steps + 1):
-        batch = torch.from_numpy(rng.choice(args.crops, size=min(8, args.crops), replace=False))
-        images, masks, targets = train[0][batch], train[1][batch], train[2][batch]
-        loss = (((net(images, masks) - targets) ** 2) * masks).sum() / (3 * masks.sum())
+        if args.fresh:
+            images, masks, targets = make_set(photos, 8, rng, args.masks)
+        else:
+            batch = torch.from_numpy(rng.choice(args.crops, size=min(8, args.crops), replace=False))
+            images, masks, targets = train[0][batch], train[1][batch], train[2][batch]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            out = net(images, masks)
+        loss = (((out.float() - targets) ** 2) * masks).sum() / (3 * masks.sum())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         if step % args.report_every == 0:
             report(step)
+            if args.save:
+                assert isinstance(net, CompletionNetwork)
+                save_generator_weights(args.save, net, {META_MODEL_CONFIG: json.dumps(net.config.to_dict())})
 
 
 if __name__ == "__main__":
