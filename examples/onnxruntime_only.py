@@ -6,6 +6,7 @@ Usage: python examples/onnxruntime_only.py generator.onnx image.png mask.png out
 hole, then Poisson blending of the network's output onto it, as `gantool inpaint --blend poisson` does
 (gantool blends each hole separately; this sketch does all holes in one solve).
 """
+
 import sys
 
 import numpy as np

@@ -46,7 +46,7 @@ def post_inpaint(url: str, pixels: np.ndarray, hole: np.ndarray, **fields: str) 
         return response.status, response.read()
 
 
-def test_the_server_answers_an_imported_model_as_the_oracle(imported_glcic: ImportedModel):  # noqa: F811
+def test_the_server_answers_an_imported_model_as_the_oracle(imported_glcic: ImportedModel):
     from gantool import Inpainter
     from gantool.serving.app import build_app
     from gantool.serving.settings import ServeSettings
@@ -66,7 +66,7 @@ def test_the_server_answers_an_imported_model_as_the_oracle(imported_glcic: Impo
 @pytest.mark.slow  # an export, and a `gantool serve` process per backend (start-up imports torch and ONNX Runtime)
 @pytest.mark.parametrize("backend", ["onnx", "pt2"])
 def test_gantool_serve_answers_an_imported_models_export_as_the_oracle(
-    exported_glcic: ImportedModel,  # noqa: F811
+    exported_glcic: ImportedModel,
     subprocess_env: dict[str, str],
     backend: str,
 ):
@@ -98,13 +98,13 @@ def psnr_bounds(expected: np.ndarray, tol: float, truth: np.ndarray, hole: np.nd
     return -10 * math.log10(mse_high) - slack, -10 * math.log10(mse_low) + slack
 
 
-def test_eval_scores_an_imported_model_as_the_oracle_does(imported_glcic: ImportedModel, tmp_path: Path):  # noqa: F811
+def test_eval_scores_an_imported_model_as_the_oracle_does(imported_glcic: ImportedModel, tmp_path: Path):
     check_eval(imported_glcic, imported_glcic.imported, "eager", tmp_path)
 
 
 @pytest.mark.slow  # the session's export of the imported model
 def test_eval_scores_an_imported_models_onnx_export_as_the_oracle_does(
-    exported_glcic: ImportedModel,  # noqa: F811
+    exported_glcic: ImportedModel,
     tmp_path: Path,
 ):
     assert exported_glcic.export is not None
@@ -167,13 +167,13 @@ def bench_rows(model: Path, backends: str, size: int) -> dict[str, dict]:
     return rows
 
 
-def test_bench_inpaint_times_an_imported_model(imported_glcic: ImportedModel):  # noqa: F811
+def test_bench_inpaint_times_an_imported_model(imported_glcic: ImportedModel):
     rows = bench_rows(imported_glcic.imported, "eager", 32)
     assert rows["eager"]["provider"] == "cpu"
 
 
 @pytest.mark.slow  # the session's export, and TorchScript traced in memory
-def test_bench_inpaint_times_every_format_of_an_imported_models_export(exported_glcic: ImportedModel):  # noqa: F811
+def test_bench_inpaint_times_every_format_of_an_imported_models_export(exported_glcic: ImportedModel):
     assert exported_glcic.export is not None
     rows = bench_rows(exported_glcic.export, "eager,pt2,torchscript,onnx", 32)
     assert all(rows[b]["passes_gate"] for b in ("pt2", "torchscript", "onnx"))
@@ -207,14 +207,14 @@ def check_info_architecture(path: Path) -> None:
     assert json.loads(invoke("info", path, "--json").output)["architecture"] == EXPECTED_ARCHITECTURE
 
 
-def test_info_shows_the_architecture_variant_of_an_imported_models_weights(imported_glcic: ImportedModel):  # noqa: F811
+def test_info_shows_the_architecture_variant_of_an_imported_models_weights(imported_glcic: ImportedModel):
     check_info_architecture(imported_glcic.imported / "generator.safetensors")
 
 
 @pytest.mark.slow  # the session's export of the imported model
 @pytest.mark.parametrize("name", ["generator.onnx", "generator.pt2", "generator.safetensors"])
 def test_info_shows_the_architecture_variant_of_an_imported_models_export(
-    exported_glcic: ImportedModel,  # noqa: F811
+    exported_glcic: ImportedModel,
     name: str,
 ):
     assert exported_glcic.export is not None
@@ -222,8 +222,8 @@ def test_info_shows_the_architecture_variant_of_an_imported_models_export(
 
 
 def test_info_shows_the_architecture_of_an_imported_checkpoint_and_of_gantools_own(
-    imported_glcic: ImportedModel,  # noqa: F811
-    exported_model,  # noqa: F811
+    imported_glcic: ImportedModel,
+    exported_model,
 ):
     text = invoke("info", imported_glcic.imported / "checkpoint.pt")
     assert text.exit_code == 0, text.output

@@ -7,7 +7,8 @@ import pytest
 import torch
 from PIL import Image
 
-from gantool.core.config import ModelConfig
+from conftest import briefly_trained_generator
+from gantool.core.config import ModelConfig, TrainConfig
 from gantool.core.errors import InputError
 from gantool.core.processing import image_to_array, read_image
 from gantool.nn.masks import box_mask, free_form_mask, generate_mask, hole_window
@@ -22,7 +23,6 @@ from gantool.nn.networks import (
     num_downsamples,
     push_pull_fill,
 )
-from gantool.core.config import TrainConfig
 from gantool.training.data import (
     ImageFolderSource,
     InpaintingDataset,
@@ -31,7 +31,6 @@ from gantool.training.data import (
     random_crop_resize,
     random_scaled_crop,
 )
-from conftest import briefly_trained_generator
 from numerics import assert_fp32_close, conv_fan_in
 from tiny import TINY_MODEL
 
@@ -171,12 +170,15 @@ def test_truncated_image_is_replaced_by_the_next_one(tmp_path, caplog):
     assert any("unreadable" in r.message for r in caplog.records)
 
 
-@pytest.mark.parametrize("setup, fragment", [
-    (lambda p: None, "not found"),
-    (lambda p: p.mkdir(), "no image files"),
-    (lambda p: (p.mkdir(), (p / "x.png").write_text("nope")), "none readable"),
-    (lambda p: p.write_text("file"), "got a file"),
-])
+@pytest.mark.parametrize(
+    "setup, fragment",
+    [
+        (lambda p: None, "not found"),
+        (lambda p: p.mkdir(), "no image files"),
+        (lambda p: (p.mkdir(), (p / "x.png").write_text("nope")), "none readable"),
+        (lambda p: p.write_text("file"), "got a file"),
+    ],
+)
 def test_unusable_data_folders_are_clear_errors(tmp_path, setup, fragment):
     path = tmp_path / "data"
     setup(path)
@@ -309,12 +311,15 @@ def test_a_folder_too_large_to_cache_is_decoded_per_sample(tmp_path, monkeypatch
     assert source._decoded == {}
 
 
-@pytest.mark.parametrize("changes, fragment", [
-    ({"scale_min": 3.0, "scale_max": 2.0}, "scale_min <= scale_max"),
-    ({"scale_min": 0.5}, "scale_min = 0.5: expected a number in [1, 64]"),
-    ({"scale_max": "big"}, "scale_max = 'big': expected a number"),
-    ({"scale_max": 65}, "scale_max = 65"),
-])
+@pytest.mark.parametrize(
+    "changes, fragment",
+    [
+        ({"scale_min": 3.0, "scale_max": 2.0}, "scale_min <= scale_max"),
+        ({"scale_min": 0.5}, "scale_min = 0.5: expected a number in [1, 64]"),
+        ({"scale_max": "big"}, "scale_max = 'big': expected a number"),
+        ({"scale_max": 65}, "scale_max = 65"),
+    ],
+)
 def test_bad_crop_scales_are_one_line(changes, fragment):
     with pytest.raises(InputError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
         TrainConfig.from_dict(changes).validate()
@@ -464,5 +469,8 @@ def test_hole_fill_is_checked_in_the_model_config():
         ModelConfig(**TINY_MODEL, hole_fill="blur").validate()
     with pytest.raises(InputError, match="hole_fill"):
         TrainConfig(**TINY_MODEL, hole_fill="blur").validate()
-    assert ModelConfig.from_dict({**ModelConfig(**TINY_MODEL).to_dict(), "hole_fill": "push-pull"}).hole_fill == "push-pull"
+    assert (
+        ModelConfig.from_dict({**ModelConfig(**TINY_MODEL).to_dict(), "hole_fill": "push-pull"}).hole_fill
+        == "push-pull"
+    )
     assert ModelConfig.from_dict({"width": 4}).hole_fill == "mean-pixel"  # files from before the option

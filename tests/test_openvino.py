@@ -16,10 +16,10 @@ from click.testing import CliRunner
 
 from gantool.cli import cli
 from gantool.core.artifacts import META_PREFER, read_model_metadata
+from gantool.core.constants import AUTO_PICKS_OPENVINO
 from gantool.core.errors import InputError, ModelError, ProviderError
 from gantool.export.parity import case_inputs, compare, default_cases, openvino_backend, torch_backend
 from gantool.runtime.backends import OpenVinoBackend, load_backend
-from gantool.core.constants import AUTO_PICKS_OPENVINO
 from gantool.runtime.choice import auto_choice
 from gantool.runtime.openvino import bf16_native, compile_config, openvino_available
 from gantool.training.checkpoint import generator_from_checkpoint, load_checkpoint
@@ -48,7 +48,7 @@ def _with_prefer(files: list[Path], folder: Path, prefer: str) -> Path:
     return folder
 
 
-def test_fp32_matches_eager_on_every_case_with_one_compile(exported_model):  # noqa: F811
+def test_fp32_matches_eager_on_every_case_with_one_compile(exported_model):
     backend = load_backend(exported_model.folder, "cpu", "openvino", "fp32")
     assert backend.name == "openvino" and backend.provider == "CPU" and backend.precision == "fp32"
     assert "INFERENCE_PRECISION_HINT=f32" in backend.provider_note
@@ -61,7 +61,7 @@ def test_fp32_matches_eager_on_every_case_with_one_compile(exported_model):  # n
     assert backend.compiled is compiled
 
 
-def test_auto_follows_the_openvino_switch_and_openvino_matches_onnx_runtime(exported_model):  # noqa: F811
+def test_auto_follows_the_openvino_switch_and_openvino_matches_onnx_runtime(exported_model):
     # --backend auto runs OpenVINO on the CPU only while AUTO_PICKS_OPENVINO is on (off for now:
     # not yet measured faster on a quiet machine); --backend openvino always runs it.
     auto = load_backend(exported_model.folder, "cpu")
@@ -77,7 +77,7 @@ def test_auto_follows_the_openvino_switch_and_openvino_matches_onnx_runtime(expo
                                                        "why": "the model's default"}  # fmt: skip
 
 
-def test_threads_share_the_compiled_model_with_their_own_requests(exported_model):  # noqa: F811
+def test_threads_share_the_compiled_model_with_their_own_requests(exported_model):
     backend = load_backend(exported_model.folder, "cpu", "openvino")
     inputs = [case_inputs(case, TINY_CONFIG.local_size) for case in CASES[:4]]
     expected = [backend.run(image, mask) for image, mask in inputs]
@@ -96,7 +96,7 @@ def test_threads_share_the_compiled_model_with_their_own_requests(exported_model
             np.testing.assert_array_equal(out, expected[i % len(inputs)])
 
 
-def test_precisions_it_cannot_run_are_one_line_refusals(exported_model):  # noqa: F811
+def test_precisions_it_cannot_run_are_one_line_refusals(exported_model):
     with pytest.raises(InputError, match="precision fp16 needs the onnx backend"):
         load_backend(exported_model.folder, "cpu", "openvino", "fp16")
     with pytest.raises(ProviderError, match="runs on the CPU; for cuda use --backend onnx"):
@@ -111,7 +111,7 @@ def test_precisions_it_cannot_run_are_one_line_refusals(exported_model):  # noqa
 
 
 @pytest.mark.skipif(not openvino_available() or not bf16_native(), reason="this CPU has no native bf16")
-def test_bf16_keeps_known_pixels_exact_and_passes_its_gate(exported_model):  # noqa: F811
+def test_bf16_keeps_known_pixels_exact_and_passes_its_gate(exported_model):
     backend = load_backend(exported_model.folder, "cpu", "openvino", "bf16")
     reference = torch_backend(generator_from_checkpoint(load_checkpoint(exported_model.checkpoint)))
     for case in CASES:
@@ -222,7 +222,7 @@ def test_pools_that_do_not_count_their_padding_are_left_alone():
     assert conv.op_type == "Conv" and {a.name: onnx.helper.get_attribute_value(a) for a in conv.attribute}["group"] == 3
 
 
-def test_unreadable_and_foreign_files_are_one_line(tmp_path: Path, exported_model):  # noqa: F811
+def test_unreadable_and_foreign_files_are_one_line(tmp_path: Path, exported_model):
     bad = tmp_path / "generator.onnx"
     bad.write_bytes(b"\x08\x07not an onnx model at all")
     with pytest.raises(ModelError) as caught:
@@ -255,7 +255,7 @@ def test_auto_precision_runs_the_preferred_int8_and_explicit_precision_wins(mode
     assert auto_choice(folder / "generator.onnx", "cpu")["precision"] == "int8"
 
 
-def test_auto_precision_falls_back_to_fp32_with_one_line(exported_model, tmp_path, caplog):  # noqa: F811
+def test_auto_precision_falls_back_to_fp32_with_one_line(exported_model, tmp_path, caplog):
     folder = _with_prefer([exported_model.onnx], tmp_path / "no_int8", "int8")
     with caplog.at_level(logging.WARNING, logger="gantool.runtime.backends"):
         backend = load_backend(folder, "cpu")
@@ -275,12 +275,15 @@ def test_inpaint_startup_line_says_which_precision_runs_and_why(modern_export, t
     result = CliRunner().invoke(cli, ["inpaint", str(tmp_path / "a.png"), "--box", "4,4,8,8", "--model", str(folder),
                                       "--provider", "cpu"])  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert f"backend: {AUTO_CPU_RUNTIME}; precision: int8 (the model prefers int8 (gantool export --prefer int8" in result.output
+    assert (
+        f"backend: {AUTO_CPU_RUNTIME}; precision: int8 (the model prefers int8 (gantool export --prefer int8"
+        in result.output
+    )
     info = CliRunner().invoke(cli, ["info", str(folder / "generator.onnx")])
     assert f"default options run it here: {AUTO_CPU_RUNTIME}, int8 (the model prefers int8" in info.output, info.output
 
 
-def test_export_refuses_a_preference_whose_gate_cannot_run(exported_model, tmp_path):  # noqa: F811
+def test_export_refuses_a_preference_whose_gate_cannot_run(exported_model, tmp_path):
     from gantool.export.exporter import export_generator
 
     with pytest.raises(InputError, match="--prefer int8 needs --int8"):
@@ -295,7 +298,7 @@ def test_export_refuses_a_preference_whose_gate_cannot_run(exported_model, tmp_p
     assert not any((tmp_path / name).exists() and any((tmp_path / name).iterdir()) for name in "abcd")
 
 
-def test_export_records_the_default_preference(exported_model):  # noqa: F811
+def test_export_records_the_default_preference(exported_model):
     assert read_model_metadata(exported_model.onnx)[META_PREFER] == "fp32"
 
 
@@ -315,7 +318,9 @@ def test_export_cli_prefer_int8_then_default_inpaint_runs_int8(checkpoint_factor
 
     checkpoint = checkpoint_factory("trained", seed=5, step=4, phase="joint")
     out = tmp_path / "export"
-    result = CliRunner().invoke(cli, ["export", str(checkpoint), "--onnx", "--int8", "--prefer", "int8", "-o", str(out)])
+    result = CliRunner().invoke(
+        cli, ["export", str(checkpoint), "--onnx", "--int8", "--prefer", "int8", "-o", str(out)]
+    )
     assert result.exit_code == 0, result.output
     assert "openvino-int8" in result.output and "openvino " in result.output  # the sweep's rows
     assert read_model_metadata(out / "generator_int8.onnx")[META_PREFER] == "int8"

@@ -113,10 +113,9 @@ MODERN_GATES = {"pt2": None, "aoti": None, "int8": 35.0, "pt2-bf16": 35.0, "open
 
 
 def _modern_backend(export, name: str):
+    from gantool.runtime import openvino
     from gantool.runtime.backends import load_backend
     from gantool.training.loop import cpu_has_native_bf16
-
-    from gantool.runtime import openvino
 
     if name.startswith("openvino") and not openvino.openvino_available():
         pytest.skip("openvino is not installed")
@@ -245,7 +244,9 @@ def eager_reference():
 
 def _sweep(reference, run, precision="fp32"):
     cases = [ParityCase(1, 32, 32, "box"), ParityCase(2, 12, 20, "full")]
-    return parity_sweep(reference, [BackendSpec("suspect", run, precision)], cases, TINY_CONFIG.local_size, ATOL, MIN_PSNR)
+    return parity_sweep(
+        reference, [BackendSpec("suspect", run, precision)], cases, TINY_CONFIG.local_size, ATOL, MIN_PSNR
+    )
 
 
 def test_sweep_passes_the_reference_itself(eager_reference):

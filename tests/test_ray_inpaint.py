@@ -493,7 +493,7 @@ def grpc_stand_in(
     if ray_client:
 
         class Driver(ray_client_pb2_grpc.RayletDriverServicer):
-            def ClusterInfo(self, request: Any, context: Any) -> Any:  # noqa: N802 (Ray's name)
+            def ClusterInfo(self, request: Any, context: Any) -> Any:
                 assert request.type == ray_client_pb2.ClusterInfoType.PING
                 return ray_client_pb2.ClusterInfoResponse(json="{}")
 

@@ -45,7 +45,7 @@ from serve_helpers import (  # noqa: F401 (inpainter, gated: fixtures)
 
 
 @pytest.fixture
-def make_client(inpainter: Inpainter) -> Iterator[Callable[..., TestClient]]:  # noqa: F811
+def make_client(inpainter: Inpainter) -> Iterator[Callable[..., TestClient]]:
     """``make_client(**settings)``: a started TestClient whose warm-up is done."""
     clients: list[TestClient] = []
 
@@ -95,7 +95,7 @@ def assert_only_holes_changed(result: np.ndarray, original: np.ndarray, hole: np
 # ---------------------------------------------------------------------------------- results
 
 
-def test_inpaint_with_a_mask_keeps_size_and_known_pixels(client: TestClient, inpainter: Inpainter):  # noqa: F811
+def test_inpaint_with_a_mask_keeps_size_and_known_pixels(client: TestClient, inpainter: Inpainter):
     rgb, hole = rgb_and_mask()
     response = post(client, encode(rgb), encode((hole * 255).astype(np.uint8)))
     assert response.status_code == 200, response.text
@@ -204,7 +204,7 @@ def test_a_mask_without_holes_returns_the_image_unchanged(client: TestClient):
     assert np.array_equal(np.asarray(decode(response.content)), rgb)
 
 
-def test_strategy_option_is_used(client: TestClient, inpainter: Inpainter):  # noqa: F811
+def test_strategy_option_is_used(client: TestClient, inpainter: Inpainter):
     rgb = textured_rgb(100, 120)
     hole = np.zeros((100, 120), bool)
     hole[40:50, 50:60] = True
@@ -370,7 +370,7 @@ def test_wrong_path_and_method_are_json(client: TestClient):
         assert client.get(path).status_code == 404, path
 
 
-def test_unexpected_errors_are_one_json_line(gated: GatedBackend, client: TestClient, monkeypatch):  # noqa: F811
+def test_unexpected_errors_are_one_json_line(gated: GatedBackend, client: TestClient, monkeypatch):
     rgb, hole = rgb_and_mask()
     mask = encode((hole * 255).astype(np.uint8))
     # A decoder blowing up with an odd exception on a crafted upload is still bad input.
@@ -397,7 +397,7 @@ def test_unexpected_errors_are_one_json_line(gated: GatedBackend, client: TestCl
 # ---------------------------------------------------------------------------- other routes
 
 
-def test_model_health_and_openapi(client: TestClient, inpainter: Inpainter):  # noqa: F811
+def test_model_health_and_openapi(client: TestClient, inpainter: Inpainter):
     model = client.get("/v1/model").json()
     assert model["backend"] == "onnx" and model["provider"] == "CPUExecutionProvider"
     assert model["precision"] == "fp32" and model["model"].endswith("generator.onnx")
@@ -410,7 +410,7 @@ def test_model_health_and_openapi(client: TestClient, inpainter: Inpainter):  # 
     assert client.get("/docs").status_code == 200
 
 
-def test_readyz_waits_for_the_warm_up(make_client: Callable[..., TestClient], gated: GatedBackend):  # noqa: F811
+def test_readyz_waits_for_the_warm_up(make_client: Callable[..., TestClient], gated: GatedBackend):
     gated.gate.clear()
     client = make_client(wait=False)
     assert gated.entered.wait(30)  # the warm-up inference is running
@@ -480,7 +480,7 @@ def _wait_for(url: str, **expected: int) -> None:
         time.sleep(0.02)
 
 
-def test_concurrent_requests_run_as_one_batch_off_the_event_loop(inpainter: Inpainter, gated: GatedBackend):  # noqa: F811
+def test_concurrent_requests_run_as_one_batch_off_the_event_loop(inpainter: Inpainter, gated: GatedBackend):
     app = build_app(inpainter, ServeSettings(max_batch=3, batch_wait_ms=0, max_queue=8))
     rgb, hole = rgb_and_mask(32, 32)
     mask = encode((hole * 255).astype(np.uint8))
@@ -504,7 +504,7 @@ def test_concurrent_requests_run_as_one_batch_off_the_event_loop(inpainter: Inpa
         assert any(np.array_equal(result[~hole], o[~hole]) for o in originals.values())
 
 
-def test_a_full_queue_answers_503_with_retry_after(inpainter: Inpainter, gated: GatedBackend):  # noqa: F811
+def test_a_full_queue_answers_503_with_retry_after(inpainter: Inpainter, gated: GatedBackend):
     app = build_app(inpainter, ServeSettings(max_batch=1, batch_wait_ms=0, max_queue=2))
     rgb, hole = rgb_and_mask(32, 32)
     body = (encode(rgb), encode((hole * 255).astype(np.uint8)))
@@ -572,7 +572,7 @@ def test_loopback_detection():
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4") and not is_loopback("example.com")
 
 
-def test_serve_process_prints_startup_lines_and_warns_without_a_key(exported_model, subprocess_env):  # noqa: F811
+def test_serve_process_prints_startup_lines_and_warns_without_a_key(exported_model, subprocess_env):
     args = [
         "--model",
         str(exported_model.folder),
@@ -597,7 +597,7 @@ def test_serve_process_prints_startup_lines_and_warns_without_a_key(exported_mod
 # ------------------------------------------------------------------------------ bench serve
 
 
-def test_bench_serve_runs_and_reports(exported_model):  # noqa: F811
+def test_bench_serve_runs_and_reports(exported_model):
     from gantool.tools.bench_serve import bench_serve
 
     result = bench_serve(
@@ -622,7 +622,9 @@ def test_bench_serve_runs_and_reports(exported_model):  # noqa: F811
         assert row["in_process_images_per_s"] == pytest.approx((baselines[number] + baselines[number + 1]) / 2)
         assert row["ratio"] == pytest.approx(row["images_per_s"] / row["in_process_images_per_s"])
     ratios = sorted(row["ratio"] for row in rounds)
-    assert result["ratio"] == pytest.approx(ratios[1]) and result["ratio_range"] == pytest.approx([ratios[0], ratios[2]])
+    assert result["ratio"] == pytest.approx(ratios[1]) and result["ratio_range"] == pytest.approx(
+        [ratios[0], ratios[2]]
+    )
     assert result["server_images_per_s"] > 0 and result["in_process_png_images_per_s"] > 0
     assert set(result["rss_mb"]) == {"ready", "after_50", "after_all"}
     assert set(result["goals"]) == {"throughput", "rss_stable"}
@@ -640,7 +642,7 @@ def test_bench_serve_cli_help_and_bad_options():
     assert result.exit_code == 2 and "--rounds" in result.output
 
 
-def test_bench_serve_cli_prints_medians_and_ranges(exported_model):  # noqa: F811
+def test_bench_serve_cli_prints_medians_and_ranges(exported_model):
     result = CliRunner().invoke(
         cli,
         ["bench", "serve", str(exported_model.folder), "--requests", "2", "--rounds", "2", "--size", "32",

@@ -101,7 +101,7 @@ def _distance_to_segment(ys: np.ndarray, xs: np.ndarray, a: tuple[float, float],
     return np.hypot(px - (ax + t * (bx - ax)), py - (ay + t * (by - ay)))
 
 
-def test_paint_inpaint_download_in_chromium(chromium: str, exported_model, subprocess_env, tmp_path: Path):  # noqa: F811
+def test_paint_inpaint_download_in_chromium(chromium: str, exported_model, subprocess_env, tmp_path: Path):
     from playwright.sync_api import sync_playwright
 
     source = textured_rgb(HEIGHT, WIDTH, seed=5)

@@ -68,7 +68,7 @@ def health(url: str) -> dict:
 # ------------------------------------------------------------------ slow clients, deadlines
 
 
-def test_slow_uploads_hold_no_slot_and_are_dropped_at_the_deadline(inpainter: Inpainter):  # noqa: F811
+def test_slow_uploads_hold_no_slot_and_are_dropped_at_the_deadline(inpainter: Inpainter):
     settings = ServeSettings(max_queue=2, read_timeout=1.5, min_upload_rate_kb=1000)
     body, kind = upload()
     with running_server(build_app(inpainter, settings)) as (url, _):
@@ -91,7 +91,7 @@ def test_slow_uploads_hold_no_slot_and_are_dropped_at_the_deadline(inpainter: In
         assert health(url)["reading"] == 0
 
 
-def test_trickled_or_silent_headers_are_dropped(inpainter: Inpainter):  # noqa: F811
+def test_trickled_or_silent_headers_are_dropped(inpainter: Inpainter):
     settings = ServeSettings(read_timeout=1.0)
     with running_server(build_app(inpainter, settings)) as (url, _):
         trickle = raw_connect(url)
@@ -104,7 +104,7 @@ def test_trickled_or_silent_headers_are_dropped(inpainter: Inpainter):  # noqa: 
         assert get_json(url + "/healthz")[0] == 200
 
 
-def test_headers_over_the_limit_are_431_json(inpainter: Inpainter):  # noqa: F811
+def test_headers_over_the_limit_are_431_json(inpainter: Inpainter):
     with running_server(build_app(inpainter, ServeSettings(max_header_kb=4))) as (url, _):
         sock = raw_connect(url)
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 8192 + b"\r\n\r\n")
@@ -120,7 +120,7 @@ def test_headers_over_the_limit_are_431_json(inpainter: Inpainter):  # noqa: F81
         sock.close()
 
 
-def test_content_length_is_enforced_both_ways(inpainter: Inpainter):  # noqa: F811
+def test_content_length_is_enforced_both_ways(inpainter: Inpainter):
     body, kind = upload()
     with running_server(build_app(inpainter, ServeSettings(read_timeout=1.0))) as (url, _):
         # More bytes than declared: the extra is not a request.
@@ -139,7 +139,7 @@ def test_content_length_is_enforced_both_ways(inpainter: Inpainter):  # noqa: F8
         sock.close()
 
 
-def test_tcp_nodelay_is_set_on_accepted_connections(inpainter: Inpainter):  # noqa: F811
+def test_tcp_nodelay_is_set_on_accepted_connections(inpainter: Inpainter):
     with running_server(build_app(inpainter)) as (url, server), httpx.Client() as client:
         assert client.get(url + "/healthz").status_code == 200
         connections = list(server.server_state.connections)
@@ -152,7 +152,7 @@ def test_tcp_nodelay_is_set_on_accepted_connections(inpainter: Inpainter):  # no
 # ------------------------------------------------------------------- disconnected clients
 
 
-def test_a_client_that_left_costs_no_model_run(inpainter: Inpainter, gated: GatedBackend):  # noqa: F811
+def test_a_client_that_left_costs_no_model_run(inpainter: Inpainter, gated: GatedBackend):
     body, kind = upload()
     with running_server(build_app(inpainter, ServeSettings(max_batch=1, batch_wait_ms=0))) as (url, _):
         wait_ready(url)
@@ -183,7 +183,7 @@ def test_a_client_that_left_costs_no_model_run(inpainter: Inpainter, gated: Gate
 
 
 def test_only_allowed_formats_are_decoded_and_no_program_runs(
-    inpainter: Inpainter,  # noqa: F811
+    inpainter: Inpainter,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ):
@@ -204,7 +204,7 @@ def test_only_allowed_formats_are_decoded_and_no_program_runs(
     assert not marker.exists()
 
 
-def test_host_and_origin_are_checked_before_any_work(inpainter: Inpainter):  # noqa: F811
+def test_host_and_origin_are_checked_before_any_work(inpainter: Inpainter):
     settings = ServeSettings(allowed_hosts=default_allowed_hosts("127.0.0.1"), cors_origins=("https://app.example",))
     body, kind = upload()
     with running_server(build_app(inpainter, settings)) as (url, _):
@@ -253,7 +253,7 @@ def test_api_keys_no_client_could_send_are_refused_at_start():
         ("pixel bomb", 413, "limit of 1000000 pixels"),
     ],
 )
-def test_client_mistakes_are_one_clear_json_line(inpainter: Inpainter, case: str, status: int, needle: str):  # noqa: F811
+def test_client_mistakes_are_one_clear_json_line(inpainter: Inpainter, case: str, status: int, needle: str):
     image = encode(textured_rgb(32, 32))
     mask = encode(np.full((32, 32), 255, np.uint8))
     kind = None
@@ -282,7 +282,7 @@ def test_client_mistakes_are_one_clear_json_line(inpainter: Inpainter, case: str
 # ------------------------------------------------------------------------ cost, windows
 
 
-def test_costs_over_the_limits_are_refused_before_the_model(inpainter: Inpainter):  # noqa: F811
+def test_costs_over_the_limits_are_refused_before_the_model(inpainter: Inpainter):
     many, kind = upload(64, 64, holes=40)
     with running_server(build_app(inpainter, ServeSettings(max_holes=10, max_model_pixels=32 * 32 * 4))) as (url, _):
         wait_ready(url)
@@ -300,7 +300,7 @@ def test_costs_over_the_limits_are_refused_before_the_model(inpainter: Inpainter
         assert health(url)["images"] == 0  # the model never ran
 
 
-def test_too_many_holes_are_refused_before_the_image_is_decoded(inpainter: Inpainter):  # noqa: F811
+def test_too_many_holes_are_refused_before_the_image_is_decoded(inpainter: Inpainter):
     # The image's header is valid but its pixel data is cut short: decoding it would be a 400.
     # A mask with too many holes is counted first and refused (413) without decoding the image,
     # which is most of a large upload's decoding time (docs/serving.md, the 1,000-hole figures).
@@ -351,7 +351,7 @@ def test_the_blend_is_costed_by_its_regions_area_not_its_hole_count():
     assert blend_pixels(many > 0.5) == 100 * (1 + 2 + 2 * BLEND_MARGIN) ** 2
 
 
-def test_a_request_with_one_huge_hole_to_blend_is_refused_before_the_model(inpainter: Inpainter):  # noqa: F811
+def test_a_request_with_one_huge_hole_to_blend_is_refused_before_the_model(inpainter: Inpainter):
     image = encode(textured_rgb(96, 96))
 
     def body(box: bytes, blend: bytes) -> tuple[bytes, str]:
@@ -437,7 +437,7 @@ def test_cost_estimate_follows_the_plan():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_a_signal_stops_cleanly_with_its_exit_status(exported_model, subprocess_env, sig, code):  # noqa: F811
+def test_a_signal_stops_cleanly_with_its_exit_status(exported_model, subprocess_env, sig, code):
     args = ["--model", str(exported_model.folder), "--provider", "cpu", "--read-timeout", "30"]
     with serve_process(args, subprocess_env) as (url, _, process):
         wait_ready(url)
@@ -456,7 +456,7 @@ def test_a_signal_stops_cleanly_with_its_exit_status(exported_model, subprocess_
 
 
 @pytest.mark.slow
-def test_a_second_signal_exits_at_once(exported_model, subprocess_env):  # noqa: F811
+def test_a_second_signal_exits_at_once(exported_model, subprocess_env):
     args = ["--model", str(exported_model.folder), "--provider", "cpu", "--shutdown-timeout", "60"]
     args += ["--max-model-pixels", "20000000"]  # the 2048 px request below must run, not be refused (413)
     with serve_process(args, subprocess_env) as (url, _, process):
@@ -484,15 +484,17 @@ def test_a_second_signal_exits_at_once(exported_model, subprocess_env):  # noqa:
         except ConnectionResetError:
             leftover = b""
         # No answer, the real one, or (still queued at the first signal) 503 JSON; never a 500.
-        assert leftover == b"" or leftover.startswith(b"HTTP/1.1 200") or (
-            leftover.startswith(b"HTTP/1.1 503") and b'{"error":' in leftover
+        assert (
+            leftover == b""
+            or leftover.startswith(b"HTTP/1.1 200")
+            or (leftover.startswith(b"HTTP/1.1 503") and b'{"error":' in leftover)
         ), leftover[:200]
     stderr = process.stderr.read() if process.stderr else ""
     assert "Traceback" not in stderr and "again, exiting now" in stderr, stderr
 
 
 @pytest.mark.slow
-def test_bench_serve_hostile_runs_and_reports(exported_model):  # noqa: F811
+def test_bench_serve_hostile_runs_and_reports(exported_model):
     from gantool.tools.bench_hostile import bench_serve_hostile
 
     result = bench_serve_hostile(
@@ -507,7 +509,7 @@ def test_bench_serve_hostile_runs_and_reports(exported_model):  # noqa: F811
 
 
 @pytest.mark.slow
-def test_bench_serve_holes_and_memory_run_through_the_cli(exported_model):  # noqa: F811
+def test_bench_serve_holes_and_memory_run_through_the_cli(exported_model):
     # --holes: the 1,000-hole request is refused (over the default --max-holes) and the one-hole one answered.
     result = CliRunner().invoke(
         cli, ["bench", "serve", str(exported_model.folder), "--holes", "1000", "--size", "256", "--rounds", "2",

@@ -23,8 +23,8 @@ from gantool import Inpainter
 from gantool.core.constants import DEFAULT_SERVE_RELEASE_MEMORY_PIXELS
 from gantool.core.errors import InputError
 from gantool.runtime.backends import OnnxBackend
-from gantool.runtime.providers import cuda_device_visible
 from gantool.runtime.memory import trim_heap
+from gantool.runtime.providers import cuda_device_visible
 from gantool.serving import batcher as batcher_module
 from gantool.serving.app import build_app
 from gantool.serving.settings import ServeSettings
@@ -106,7 +106,7 @@ def rss_kept_by_a_run(backend, side: int, release_memory_pixels: int) -> float:
     return status_mb(os.getpid(), "VmRSS") - before
 
 
-def test_a_releasing_run_gives_the_same_pixels_and_returns_the_arena(exported_model):  # noqa: F811
+def test_a_releasing_run_gives_the_same_pixels_and_returns_the_arena(exported_model):
     model = exported_model.folder / "generator.onnx"
     for precision in ("auto", "fp16"):  # the fp32 file, and the fp16 file on the CPU
         backend = OnnxBackend(model, "cpu", precision)
@@ -129,7 +129,7 @@ def test_release_settings_and_trim():
         ServeSettings(release_memory_pixels=-1)
 
 
-def test_the_server_releases_through_its_runs_and_leaves_the_callers_backend_alone(inpainter: Inpainter):  # noqa: F811
+def test_the_server_releases_through_its_runs_and_leaves_the_callers_backend_alone(inpainter: Inpainter):
     # build_app used to switch releasing on by setting an attribute on the caller's backend, so
     # an Inpainter handed to the server kept releasing (and paying for it) in the caller's own runs.
     backend = inpainter.backend
@@ -159,7 +159,7 @@ def live_jobs() -> int:
     return sum(type(o) is batcher_module._Job for o in gc.get_objects())  # type(): no __class__ lookups
 
 
-def test_the_model_thread_keeps_no_answered_request_alive(inpainter: Inpainter):  # noqa: F811
+def test_the_model_thread_keeps_no_answered_request_alive(inpainter: Inpainter):
     # The worker used to hold its last batch (images, masks, the model's output) until the next
     # request arrived, so a large request's arrays outlived its answer and the heap trim.
     with live_server(build_app(inpainter, ServeSettings())) as url:
@@ -172,7 +172,7 @@ def test_the_model_thread_keeps_no_answered_request_alive(inpainter: Inpainter):
 
 
 @pytest.mark.slow
-def test_a_large_request_gives_its_memory_back(exported_model, subprocess_env):  # noqa: F811
+def test_a_large_request_gives_its_memory_back(exported_model, subprocess_env):
     assert LARGE * LARGE >= DEFAULT_SERVE_RELEASE_MEMORY_PIXELS  # the default releases after this request
     idle, peak, after = rss_around_a_large_request(exported_model, subprocess_env)
     print(f"RSS idle {idle:.0f} MB, peak {peak:.0f} MB, after {after:.0f} MB", file=sys.stderr)
@@ -185,7 +185,7 @@ def test_a_large_request_gives_its_memory_back(exported_model, subprocess_env): 
     assert after - idle < 0.25 * grown, (idle, peak, after)
 
 
-def test_a_releasing_openvino_run_gives_the_same_pixels(exported_model):  # noqa: F811
+def test_a_releasing_openvino_run_gives_the_same_pixels(exported_model):
     pytest.importorskip("openvino", reason="the openvino package is not installed")
     from gantool.runtime.backends import OpenVinoBackend
 
@@ -198,7 +198,7 @@ def test_a_releasing_openvino_run_gives_the_same_pixels(exported_model):  # noqa
 
 
 @pytest.mark.slow
-def test_a_releasing_openvino_run_returns_its_memory(exported_model):  # noqa: F811
+def test_a_releasing_openvino_run_returns_its_memory(exported_model):
     pytest.importorskip("openvino", reason="the openvino package is not installed")
     from gantool.runtime.backends import OpenVinoBackend
 
@@ -224,8 +224,10 @@ def gpu_used_mb() -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not cuda_device_visible(), reason="needs an NVIDIA GPU: the CUDA arena is device memory (none here)")
-def test_a_releasing_cuda_run_gives_the_same_pixels_and_shrinks_the_device_arena(exported_model):  # noqa: F811
+@pytest.mark.skipif(
+    not cuda_device_visible(), reason="needs an NVIDIA GPU: the CUDA arena is device memory (none here)"
+)
+def test_a_releasing_cuda_run_gives_the_same_pixels_and_shrinks_the_device_arena(exported_model):
     model = exported_model.folder / "generator.onnx"
     kept = {}
     for release in (0, 1):

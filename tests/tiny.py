@@ -26,8 +26,18 @@ def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 
 def tiny_train_config(**changes) -> TrainConfig:
-    base = dict(TINY_MODEL, batch_size=4, steps_g=2, steps_d=2, steps_joint=4, workers=0,
-                log_every=1, sample_every=4, checkpoint_every=4, val_images=2)
+    base = dict(
+        TINY_MODEL,
+        batch_size=4,
+        steps_g=2,
+        steps_d=2,
+        steps_joint=4,
+        workers=0,
+        log_every=1,
+        sample_every=4,
+        checkpoint_every=4,
+        val_images=2,
+    )
     base.update(changes)
     return TrainConfig(**base)
 
@@ -52,5 +62,15 @@ def no_autocast():
     return contextlib.nullcontext()
 
 
-__all__ = ["TINY_MODEL", "TINY_CONFIG", "params", "same", "tiny_train_config", "tiny_networks", "tiny_batch", "no_autocast",
-           "build_optimizers", "ModelConfig"]
+__all__ = [
+    "TINY_MODEL",
+    "TINY_CONFIG",
+    "params",
+    "same",
+    "tiny_train_config",
+    "tiny_networks",
+    "tiny_batch",
+    "no_autocast",
+    "build_optimizers",
+    "ModelConfig",
+]
