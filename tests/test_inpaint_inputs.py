@@ -97,6 +97,9 @@ def test_an_animated_gif_is_refused_in_one_line(exported_model: ExportedModel, t
         read_image(gif, lossless=True)
     result = _cli("inpaint", str(gif), "--box", "2,2,6,6", "--model", str(exported_model.folder), "--provider", "cpu")
     assert result.exit_code == 1 and "3 frames" in result.output and "Traceback" not in result.output
+    # Named once: the line said "anim.gif: anim.gif: an animated ..." before.
+    (line,) = [line for line in result.output.splitlines() if "3 frames" in line]
+    assert line.count(str(gif)) == 1, line
     assert not list(tmp_path.glob("*.inpainted.*"))
     still = tmp_path / "still.gif"
     frames[0].save(still)

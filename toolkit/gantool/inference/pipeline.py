@@ -311,7 +311,9 @@ def check_skip_options(overwrite: bool, skip_existing: bool) -> None:
 
 
 def file_error(job: ImageJob, error: BaseException) -> FileResult:
-    return FileResult(job.source, error=f"{job.source}: {first_line(error)}")
+    """The failed file's line: its path, then the cause (which names the path itself, often)."""
+    cause = first_line(error)
+    return FileResult(job.source, error=cause if str(job.source) in cause else f"{job.source}: {cause}")
 
 
 class NoHole(Exception):
