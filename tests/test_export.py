@@ -319,6 +319,37 @@ def test_refuses_to_overwrite_without_the_flag(checkpoint_factory, tmp_path):
     assert result.exit_code == 0, result.output
 
 
+def test_exported_safetensors_export_again_to_the_same_model(full_export, tmp_path):
+    """generator.safetensors is an export source (the shipped model's, say, to other formats):
+    the same weights, step and phase as the checkpoint. Before: 'not a gantool checkpoint'."""
+    checkpoint, out, _ = full_export
+    weights = tmp_path / "weights" / "generator.safetensors"
+    weights.parent.mkdir()
+    weights.write_bytes((out / "generator.safetensors").read_bytes())
+    result = invoke("export", weights, "--onnx", "-o", tmp_path / "again")
+    assert result.exit_code == 0, result.output
+    assert "FAIL" not in result.output
+    meta = read_model_metadata(tmp_path / "again" / "generator.onnx")
+    first = read_model_metadata(out / "generator.onnx")
+    for key in ("gantool.weights_sha256", "gantool.model_config", "gantool.train_step", "gantool.train_phase"):
+        assert meta[key] == first[key], key
+    assert meta["gantool.source"] == "generator.safetensors"
+    # Into its own folder: refused, even with --overwrite, and the input stays as it was.
+    before = weights.read_bytes()
+    result = invoke("export", weights, "--onnx", "-o", weights.parent, "--overwrite")
+    assert_one_line_error(result, "would replace the input")
+    assert weights.read_bytes() == before and leftovers(weights.parent) == ["generator.safetensors"]
+
+
+def test_safetensors_without_gantool_metadata_is_refused(tmp_path):
+    import safetensors.torch
+
+    foreign = tmp_path / "foreign.safetensors"
+    safetensors.torch.save_file({"w": torch.zeros(2)}, str(foreign))
+    assert_one_line_error(invoke("export", foreign, "-o", tmp_path / "out"), "no gantool model config")
+    assert leftovers(tmp_path / "out") == []
+
+
 # ------------------------------------------------------------------------ failure paths
 
 

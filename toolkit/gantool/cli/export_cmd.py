@@ -149,7 +149,8 @@ def export(
 ) -> None:
     """Export CHECKPOINT's generator (ONNX, torch.export, AOTInductor, TorchScript) and prove parity.
 
-    CHECKPOINT defaults to the newest runs/*/checkpoints/last.pt. The parity
+    CHECKPOINT defaults to the newest runs/*/checkpoints/last.pt; an exported
+    generator.safetensors (the shipped model's, say) exports too. The parity
     sweep compares eager PyTorch with every format written over batch sizes,
     image sizes and mask kinds (fp32 within --atol; fp16, bf16 and int8 by
     PSNR); a failed check writes nothing and exits 1. The files go into the

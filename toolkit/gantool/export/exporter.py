@@ -46,6 +46,7 @@ from gantool.core.artifacts import (
     DEFAULT_EXPORT_FORMATS,
     EXPORT_FORMATS,
     KIND_CHECKPOINT,
+    KIND_SAFETENSORS,
     META_AOTI_DEVICE,
     META_EXPORT_ID,
     META_MODEL_CONFIG,
@@ -113,6 +114,7 @@ from gantool.training.checkpoint import (
     load_checkpoint,
     model_config_of,
     save_generator_weights,
+    state_from_generator_weights,
     weights_sha256,
 )
 
@@ -268,7 +270,10 @@ def export_generator(
     if aoti_device == "cuda" and not torch.cuda.is_available():
         raise InputError("cannot compile AOTInductor for cuda: torch finds no CUDA device")
     checkpoint_path = Path(checkpoint_path)
-    state = load_checkpoint(checkpoint_path)
+    if model_kind(checkpoint_path) == KIND_SAFETENSORS and checkpoint_path.is_file():
+        state = state_from_generator_weights(checkpoint_path)  # exported weights: the generator alone
+    else:
+        state = load_checkpoint(checkpoint_path)
     generator = generator_from_checkpoint(state)
     bad = non_finite_weights(state["generator"])
     if bad:
@@ -278,6 +283,8 @@ def export_generator(
         raise InputError(f"output path exists and is not a folder: {out_dir}")
     keys = [*formats, *(["onnx_fp16"] if fp16 else []), *(["onnx_int8"] if int8 else []), *ALWAYS_WRITTEN]
     targets = {key: out_dir / ARTIFACT[key].filename for key in keys}
+    if checkpoint_path.resolve() in {target.resolve() for target in targets.values()}:
+        raise InputError(f"refusing to export into {out_dir}: it would replace the input {checkpoint_path}")
     if out_dir.is_dir():
         finish_interrupted_commit(out_dir)  # an export killed mid-commit: complete it first
     replaced = check_replaceable(out_dir, overwrite)

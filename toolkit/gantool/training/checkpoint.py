@@ -18,7 +18,7 @@ import safetensors.torch
 import torch
 
 from gantool import __version__
-from gantool.core.artifacts import META_MODEL_CONFIG
+from gantool.core.artifacts import META_MODEL_CONFIG, META_TRAIN_PHASE, META_TRAIN_STEP
 from gantool.core.config import ModelConfig
 from gantool.core.errors import CheckpointError, first_line
 from gantool.core.fileio import atomic_save, atomic_write_bytes
@@ -187,6 +187,25 @@ def load_generator_weights(path: str | Path) -> tuple[CompletionNetwork, dict[st
     except RuntimeError as e:
         raise CheckpointError(f"{path}: weights do not match the model config ({first_line(e)})") from None
     return generator.eval(), meta
+
+
+def state_from_generator_weights(path: str | Path) -> dict[str, Any]:
+    """A generator-only checkpoint state (no discriminator, optimizers or training config) from
+    :func:`save_generator_weights` output, so ``gantool export`` takes ``generator.safetensors``
+    as it takes a checkpoint; the step and phase come from its metadata."""
+    generator, meta = load_generator_weights(path)
+    try:
+        step = int(meta.get(META_TRAIN_STEP) or 0)
+    except ValueError:
+        raise CheckpointError(f"{path}: its {META_TRAIN_STEP} metadata is not a step number") from None
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "version": CHECKPOINT_VERSION,
+        "model_config": generator.config.to_dict(),
+        "generator": generator.state_dict(),
+        "step": step,
+        "phase": meta.get(META_TRAIN_PHASE, ""),
+    }
 
 
 # ------------------------------------------------------------------- training state
