@@ -149,3 +149,36 @@ def test_the_full_resolution_control_starts_as_the_push_pull_fill():
     optimizer.step()
     moved = net(image, mask)
     assert torch.equal(moved * (1 - mask), image * (1 - mask)) and not torch.equal(moved, out)
+
+
+@pytest.mark.slow  # the example's full-size network (width 32, 128 px crops): 20-50 s on 2 cores
+def test_fresh_harmonic_training_saves_weights_that_init_a_run(tmp_path: Path, subprocess_env):
+    """examples/learn_harmonic_target.py --fresh --save: new crops and holes each step, and the
+    network written as generator.safetensors, which `gantool train --init-from` reads; mixed holes
+    come with their harmonic targets."""
+    module = _learn_harmonic_target()
+    rng = np.random.default_rng(0)
+    for folder in ("train", "heldout"):
+        (tmp_path / folder).mkdir()
+        for i in range(2):
+            pixels = (rng.random((160, 200, 3)) * 255).astype(np.uint8)
+            Image.fromarray(pixels).save(tmp_path / folder / f"{i}.png")
+    photos = [Image.open(p).convert("RGB") for p in sorted((tmp_path / "train").iterdir())]
+    images, masks, targets = module.make_set(photos, 3, rng, "mixed")
+    assert images.shape == targets.shape == (3, 3, 128, 128) and masks.shape == (3, 1, 128, 128)
+    known = (masks == 0).expand_as(images)
+    assert bool((masks.sum(dim=(1, 2, 3)) > 0).all()) and bool((targets[known] == images[known]).all())
+    saved = tmp_path / "distilled.safetensors"
+    args = ["--data", str(tmp_path / "train"), "--heldout", str(tmp_path / "heldout"), "--crops", "4",
+            "--steps", "2", "--report-every", "2", "--fresh", "--masks", "mixed", "--save", str(saved)]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "learn_harmonic_target.py"), *args],
+        capture_output=True, text=True, env=subprocess_env, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "step     2:" in done.stdout
+    from gantool.training.init_from import load_init
+
+    init = load_init(saved)
+    assert (init.model_config.width, init.model_config.size, init.model_config.hole_fill) == (32, 128, "push-pull")
+    assert init.discriminator is None and init.generator
