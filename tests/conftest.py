@@ -22,6 +22,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 TOOLKIT = REPO_ROOT / "toolkit"
 
 
+
 def random_generator(config: ModelConfig = TINY_CONFIG, seed: int = 0) -> CompletionNetwork:
     """Fresh random weights; BatchNorm statistics still at their defaults."""
     torch.manual_seed(seed)
@@ -48,12 +49,7 @@ def briefly_trained_generator(config: ModelConfig = TINY_CONFIG, seed: int = 0, 
 
 
 def write_checkpoint(path: Path, generator: CompletionNetwork, step: int = 0, phase: str = "g", **extra) -> Path:
-    state = {
-        "model_config": generator.config.to_dict(),
-        "generator": generator.state_dict(),
-        "step": step,
-        "phase": phase,
-    }
+    state = {"model_config": generator.config.to_dict(), "generator": generator.state_dict(), "step": step, "phase": phase}
     state.update(extra)
     return save_checkpoint(path, state)
 

@@ -52,10 +52,8 @@ def train_losses(history: list[dict]) -> list[dict[str, float]]:
 # ------------------------------------------------------------------- bf16 detection
 
 
-@pytest.mark.skipif(
-    platform.machine().lower() not in ("x86_64", "amd64") or cpu_flags() is None,
-    reason="reads x86 CPU flags from /proc/cpuinfo",
-)
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64") or cpu_flags() is None,
+                    reason="reads x86 CPU flags from /proc/cpuinfo")
 def test_cpu_bf16_detection_matches_the_cpu_flags():
     flags = cpu_flags()
     native = bool(flags & {"avx512_bf16", "amx_bf16"}) and not onednn_bf16_capped()  # CI's AVX2 rerun caps it
@@ -114,8 +112,7 @@ def test_autocast_really_runs_both_networks_in_bf16():
     seen: dict[str, torch.dtype] = {}
     nets.generator.body[0][0].register_forward_hook(lambda m, i, o: seen.__setitem__("generator", o.dtype))
     nets.discriminator.global_branch.features[0].register_forward_hook(
-        lambda m, i, o: seen.__setitem__("discriminator", o.dtype)
-    )
+        lambda m, i, o: seen.__setitem__("discriminator", o.dtype))
     opt_g, opt_d = build_optimizers(nets, cfg)
     losses = train_step("joint", nets, opt_g, opt_d, tiny_batch(cfg), cfg, autocast_for(CPU, True))
     assert seen == {"generator": torch.bfloat16, "discriminator": torch.bfloat16}
@@ -179,17 +176,12 @@ def test_joint_step_under_autocast_updates_d_from_its_own_loss_only():
 
 
 def test_amp_training_run_on_the_cpu_has_finite_losses(tmp_path):
-    cfg = tiny_train_config(
-        out=str(tmp_path / "run"), amp=True, steps_g=1, steps_d=1, steps_joint=2, sample_every=100, checkpoint_every=100
-    )
+    cfg = tiny_train_config(out=str(tmp_path / "run"), amp=True, steps_g=1, steps_d=1, steps_joint=2,
+                            sample_every=100, checkpoint_every=100)
     result = train(cfg, progress=False)
     losses = train_losses(result.history)
-    assert [sorted(r) for r in losses] == [
-        ["loss_rec"],
-        ["loss_d"],
-        ["loss_adv", "loss_d", "loss_rec"],
-        ["loss_adv", "loss_d", "loss_rec"],
-    ]
+    assert [sorted(r) for r in losses] == [["loss_rec"], ["loss_d"], ["loss_adv", "loss_d", "loss_rec"],
+                                           ["loss_adv", "loss_d", "loss_rec"]]
     assert all(math.isfinite(v) for r in losses for v in r.values())
     state = load_checkpoint(result.last_checkpoint)
     assert state["train_config"]["amp"] is True
@@ -229,15 +221,8 @@ def test_compiled_training_matches_eager_on_the_cpu(tmp_path):
 @pytest.mark.cuda
 @needs_cuda
 def test_cuda_bf16_autocast_trains_both_networks(tmp_path):
-    cfg = tiny_train_config(
-        out=str(tmp_path / "run"),
-        device="cuda",
-        steps_g=1,
-        steps_d=1,
-        steps_joint=2,
-        sample_every=4,
-        checkpoint_every=4,
-    )
+    cfg = tiny_train_config(out=str(tmp_path / "run"), device="cuda", steps_g=1, steps_d=1, steps_joint=2,
+                            sample_every=4, checkpoint_every=4)
     result = train(cfg, progress=False)  # amp and channels_last default to on for CUDA
     losses = train_losses(result.history)
     assert len(losses) == 4 and all(math.isfinite(v) for r in losses for v in r.values())

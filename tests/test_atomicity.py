@@ -284,12 +284,8 @@ def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
 @pytest.mark.parametrize(
     "sig, code, formats",
     # The signal is sent as soon as the staging folder exists, while the ONNX export runs.
-    [
-        (signal.SIGINT, 130, ["--onnx"]),
-        (signal.SIGTERM, 143, ["--onnx"]),
-        (signal.SIGTERM, 143, ["--aoti"]),
-        (signal.SIGINT, 130, ["--aoti"]),
-    ],  # fmt: skip
+    [(signal.SIGINT, 130, ["--onnx"]), (signal.SIGTERM, 143, ["--onnx"]), (signal.SIGTERM, 143, ["--aoti"]),
+     (signal.SIGINT, 130, ["--aoti"])],  # fmt: skip
 )
 def test_a_signal_during_export_exits_with_its_code_and_leaves_no_temp_files(
     tmp_path: Path, sig: signal.Signals, code: int, formats: list[str]
@@ -389,9 +385,7 @@ def test_a_write_the_kernel_refuses_half_way_is_one_line_not_an_abort(tmp_path: 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no output folder, no staging folder
 
 
-@pytest.mark.parametrize(
-    ("sig", "code", "word"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "stopped")]
-)
+@pytest.mark.parametrize(("sig", "code", "word"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "stopped")])
 def test_a_signal_the_onnx_exporter_turns_into_its_own_error_still_exits_130_or_143(
     tmp_path: Path, monkeypatch, sig: int, code: int, word: str
 ) -> None:

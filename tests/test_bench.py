@@ -35,26 +35,9 @@ from gantool.tools.interleave import PeakMemory
 from inpaint_helpers import GPU_ONLY, exported_model  # noqa: F401 (fixture)
 
 ROW_KEYS = {
-    "backend",
-    "precision",
-    "provider",
-    "size",
-    "batch",
-    "note",
-    "median_ms_per_batch",
-    "median_ms_per_image",
-    "min_ms_per_batch",
-    "max_ms_per_batch",
-    "images_per_s",
-    "gflop_per_image",
-    "achieved_gflop_per_s",
-    "peak_rss_mb",
-    "peak_rss_exact",
-    "peak_cuda_mb",
-    "runs",
-    "psnr_hole_vs_fp32",
-    "passes_gate",
-    "times_ms",
+    "backend", "precision", "provider", "size", "batch", "note", "median_ms_per_batch", "median_ms_per_image",
+    "min_ms_per_batch", "max_ms_per_batch", "images_per_s", "gflop_per_image", "achieved_gflop_per_s",
+    "peak_rss_mb", "peak_rss_exact", "peak_cuda_mb", "runs", "psnr_hole_vs_fp32", "passes_gate", "times_ms",
     "fraction_of_peak",
 }
 
@@ -70,29 +53,14 @@ def test_flops_scale_with_pixels_and_batch():
 
 
 def test_bench_inpaint_json_schema(exported_model):
-    result = bench_inpaint(
-        exported_model.folder,
-        sizes=[32],
-        batches=[1, 2],
-        providers=["cpu"],
-        repeats=1,
-        warmup=0,
-        e2e_images=2,
-        e2e_size=32,
-        crop_check=False,
-        backends=["eager", "torchscript", "onnx"],
-    )
+    result = bench_inpaint(exported_model.folder, sizes=[32], batches=[1, 2], providers=["cpu"], repeats=1,
+                           warmup=0, e2e_images=2, e2e_size=32, crop_check=False,
+                           backends=["eager", "torchscript", "onnx"])
     json.dumps(result)  # serialisable as is
     assert result["benchmark"] == "inpaint"
     rows = result["rows"]
     assert [(r["backend"], r["batch"]) for r in rows] == [
-        ("eager", 1),
-        ("eager", 2),
-        ("torchscript", 1),
-        ("torchscript", 2),
-        ("onnx", 1),
-        ("onnx", 2),
-    ]
+        ("eager", 1), ("eager", 2), ("torchscript", 1), ("torchscript", 2), ("onnx", 1), ("onnx", 2)]
     for row in rows:
         assert set(row) == ROW_KEYS, row
         assert row["median_ms_per_image"] > 0 and row["images_per_s"] > 0 and row["achieved_gflop_per_s"] > 0
@@ -120,17 +88,8 @@ def test_bench_inpaint_json_schema(exported_model):
 
 
 def test_precision_paths_get_a_hole_psnr_and_a_gate(exported_model):
-    result = bench_inpaint(
-        exported_model.folder,
-        sizes=[32],
-        batches=[1],
-        providers=["cpu"],
-        repeats=2,
-        warmup=0,
-        e2e_images=0,
-        crop_check=False,
-        backends=["onnx", "onnx:fp16", "eager:bf16", "pt2"],
-    )
+    result = bench_inpaint(exported_model.folder, sizes=[32], batches=[1], providers=["cpu"], repeats=2, warmup=0,
+                           e2e_images=0, crop_check=False, backends=["onnx", "onnx:fp16", "eager:bf16", "pt2"])
     rows = {(r["backend"], r["precision"]): r for r in result["rows"]}
     fp16 = rows[("onnx", "fp16")]
     assert fp16["passes_gate"] and fp16["psnr_hole_vs_fp32"] >= 40  # inf: the same uint8 pixels
@@ -147,26 +106,14 @@ def test_precision_paths_get_a_hole_psnr_and_a_gate(exported_model):
 
 def test_fastest_passing_skips_rows_that_fail_their_gate():
     def row(backend, precision, ms, passes, provider="cpu"):  # the same load in every round
-        return {
-            "backend": backend,
-            "precision": precision,
-            "provider": provider,
-            "size": 512,
-            "batch": 1,
-            "median_ms_per_image": ms,
-            "passes_gate": passes,
-            "psnr_hole_vs_fp32": 40.0,
-            "times_ms": [ms * 0.9, ms, ms * 1.5],
-        }
+        return {"backend": backend, "precision": precision, "provider": provider, "size": 512, "batch": 1,
+                "median_ms_per_image": ms, "passes_gate": passes, "psnr_hole_vs_fp32": 40.0,
+                "times_ms": [ms * 0.9, ms, ms * 1.5]}
 
     ort_cpu = "CPUExecutionProvider"
-    rows = [
-        row("onnx", "int8", 100.0, False, ort_cpu),
-        row("eager", "bf16", 300.0, True),
-        row("onnx", "fp32", 200.0, True, ort_cpu),
-        row("onnx", "fp32", 50.0, True, "CUDAExecutionProvider"),
-        {"backend": "aoti", "error": "x"},
-    ]
+    rows = [row("onnx", "int8", 100.0, False, ort_cpu), row("eager", "bf16", 300.0, True),
+            row("onnx", "fp32", 200.0, True, ort_cpu), row("onnx", "fp32", 50.0, True, "CUDAExecutionProvider"),
+            {"backend": "aoti", "error": "x"}]
     best = fastest_passing(rows)
     assert best["cpu 512px batch 1"]["path"] == "onnx" and best["cpu 512px batch 1"]["median_ms_per_image"] == 200.0
     assert best["cuda 512px batch 1"]["provider"] == "CUDAExecutionProvider"
@@ -233,43 +180,15 @@ def test_bad_options_raise_input_errors(exported_model):
 
 
 def test_unavailable_provider_becomes_an_error_row(exported_model):
-    rows = bench_inpaint(
-        exported_model.folder,
-        sizes=[32],
-        batches=[1],
-        backends=["eager"],
-        providers=["tensorrt"],
-        repeats=1,
-        warmup=0,
-        e2e_images=0,
-        crop_check=False,
-        blend_check=False,
-    )["rows"]
+    rows = bench_inpaint(exported_model.folder, sizes=[32], batches=[1], backends=["eager"], providers=["tensorrt"],
+                         repeats=1, warmup=0, e2e_images=0, crop_check=False, blend_check=False)["rows"]
     assert len(rows) == 1 and "tensorrt" in rows[0]["error"]
 
 
 def test_cli_json_and_errors(exported_model, tmp_path: Path):
     runner = CliRunner()
-    args = [
-        "bench",
-        "inpaint",
-        str(exported_model.folder),
-        "--sizes",
-        "32",
-        "--batch",
-        "1",
-        "--backends",
-        "onnx",
-        "--providers",
-        "cpu",
-        "--repeats",
-        "1",
-        "--warmup",
-        "0",
-        "--e2e-images",
-        "0",
-        "--no-crop-check",
-    ]
+    args = ["bench", "inpaint", str(exported_model.folder), "--sizes", "32", "--batch", "1", "--backends", "onnx",
+            "--providers", "cpu", "--repeats", "1", "--warmup", "0", "--e2e-images", "0", "--no-crop-check"]
     result = runner.invoke(cli, [*args, "--blend", "none", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
@@ -288,33 +207,10 @@ def test_cli_json_and_errors(exported_model, tmp_path: Path):
 
 def test_console_entry_runs_bench_inpaint(exported_model, subprocess_env):
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gantool",
-            "bench",
-            "inpaint",
-            str(exported_model.onnx),
-            "--sizes",
-            "32",
-            "--batch",
-            "1",
-            "--backends",
-            "onnx",
-            "--providers",
-            "cpu",
-            "--repeats",
-            "1",
-            "--e2e-images",
-            "0",
-            "--no-crop-check",
-            "--no-blend-check",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        env=subprocess_env,
-        timeout=300,
+        [sys.executable, "-m", "gantool", "bench", "inpaint", str(exported_model.onnx), "--sizes", "32", "--batch", "1",
+         "--backends", "onnx", "--providers", "cpu", "--repeats", "1", "--e2e-images", "0", "--no-crop-check",
+         "--no-blend-check", "--json"],
+        capture_output=True, text=True, env=subprocess_env, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["rows"][0]["backend"] == "onnx"
@@ -322,18 +218,8 @@ def test_console_entry_runs_bench_inpaint(exported_model, subprocess_env):
 
 @GPU_ONLY
 def test_cuda_rows_on_a_gpu_machine(exported_model):
-    rows = bench_inpaint(
-        exported_model.folder,
-        sizes=[32],
-        batches=[1],
-        backends=["onnx"],
-        providers=["cuda"],
-        repeats=1,
-        warmup=1,
-        e2e_images=0,
-        crop_check=False,
-        blend_check=False,
-    )["rows"]
+    rows = bench_inpaint(exported_model.folder, sizes=[32], batches=[1], backends=["onnx"], providers=["cuda"],
+                         repeats=1, warmup=1, e2e_images=0, crop_check=False, blend_check=False)["rows"]
     assert rows[0].get("provider") == "CUDAExecutionProvider", rows[0]
 
 
@@ -401,23 +287,12 @@ def test_paired_ratio_cancels_load_that_hits_one_round():
 
 def test_speed_goals_take_the_median_of_paired_rounds():
     def row(backend, precision, times, provider="cpu"):
-        return {
-            "backend": backend,
-            "precision": precision,
-            "provider": provider,
-            "size": 512,
-            "batch": 1,
-            "median_ms_per_image": statistics.median(times),
-            "passes_gate": True,
-            "psnr_hole_vs_fp32": 40.0,
-            "times_ms": times,
-        }
+        return {"backend": backend, "precision": precision, "provider": provider, "size": 512, "batch": 1,
+                "median_ms_per_image": statistics.median(times), "passes_gate": True, "psnr_hole_vs_fp32": 40.0,
+                "times_ms": times}
 
-    rows = [
-        row("eager", "bf16", [600.0, 600.0, 1800.0]),
-        row("openvino", "int8", [300.0, 900.0, 300.0]),
-        row("onnx", "fp32", [1200.0, 1200.0, 3600.0], "CPUExecutionProvider"),
-    ]
+    rows = [row("eager", "bf16", [600.0, 600.0, 1800.0]), row("openvino", "int8", [300.0, 900.0, 300.0]),
+            row("onnx", "fp32", [1200.0, 1200.0, 3600.0], "CPUExecutionProvider")]
     goals = speed_goals(rows, default_path="openvino:int8")
     fastest = goals["fastest_vs_torch_bf16_512_b1"]
     assert fastest["fastest"] == "openvino:int8" and fastest["speedup"] == pytest.approx(2.0) and fastest["met"]
@@ -434,9 +309,8 @@ def test_cpu_peak_from_cpuinfo_text():
     # Zen 4: 512-bit work on 256-bit halves: 32 fp32 FLOP/cycle, bf16 2x, int8 (VNNI) 4x.
     assert peak["gops"] == pytest.approx({"fp32": 2 * 3.5 * 32, "bf16": 2 * 3.5 * 64, "int8": 2 * 3.5 * 128})
     intel = "vendor_id\t: GenuineIntel\ncpu MHz\t\t: 2000.000\nflags\t\t: fma avx2 avx512f amx_bf16 amx_int8\n"
-    assert cpu_peak(intel, cores=4)["gops"] == pytest.approx(
-        {"fp32": 4 * 2 * 64, "bf16": 4 * 2 * 1024, "int8": 4 * 2 * 2048}
-    )
+    assert cpu_peak(intel, cores=4)["gops"] == pytest.approx({"fp32": 4 * 2 * 64, "bf16": 4 * 2 * 1024,
+                                                              "int8": 4 * 2 * 2048})
     avx2 = "vendor_id\t: AuthenticAMD\ncpu MHz\t\t: 2000.000\nflags\t\t: fma avx2\n"
     assert cpu_peak(avx2, cores=2)["gops"]["bf16"] is None  # no native bf16: no peak claimed
     assert cpu_peak("", cores=2)["gops"] == {"fp32": None, "bf16": None, "int8": None}
@@ -448,18 +322,9 @@ def test_bench_inpaint_times_openvino_rows_beside_onnx_runtime(exported_model):
 
     if not openvino_available():
         pytest.skip("openvino is not installed")
-    result = bench_inpaint(
-        exported_model.folder,
-        sizes=[32],
-        batches=[1],
-        providers=["cpu"],
-        repeats=3,
-        warmup=0,
-        e2e_images=0,
-        crop_check=False,
-        blend_check=False,
-        backends=["onnx", "openvino", "openvino:int8"],
-    )
+    result = bench_inpaint(exported_model.folder, sizes=[32], batches=[1], providers=["cpu"], repeats=3, warmup=0,
+                           e2e_images=0, crop_check=False, blend_check=False,
+                           backends=["onnx", "openvino", "openvino:int8"])
     rows = {(r["backend"], r["precision"]): r for r in result["rows"]}
     ov = rows[("openvino", "fp32")]
     assert ov["provider"] == "CPU" and ov["passes_gate"] and len(ov["times_ms"]) == 3

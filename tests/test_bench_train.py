@@ -14,27 +14,8 @@ from gantool.training.loop import amp_supported
 
 
 def test_bench_train_json_reports_both_loops_and_their_ratio():
-    result = CliRunner().invoke(
-        cli,
-        [
-            "bench",
-            "train",
-            "--size",
-            "32",
-            "--local-size",
-            "16",
-            "--batch-size",
-            "2",
-            "--width",
-            "4",
-            "--steps",
-            "2",
-            "--device",
-            "cpu",
-            "--no-amp",
-            "--json",
-        ],
-    )
+    result = CliRunner().invoke(cli, ["bench", "train", "--size", "32", "--local-size", "16", "--batch-size", "2",
+                                      "--width", "4", "--steps", "2", "--device", "cpu", "--no-amp", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     names = [row["name"] for row in report["rows"]]
@@ -53,26 +34,8 @@ def test_bench_train_json_reports_both_loops_and_their_ratio():
 
 def test_bench_train_table_and_bad_size():
     runner = CliRunner()
-    ok = runner.invoke(
-        cli,
-        [
-            "bench",
-            "train",
-            "--size",
-            "32",
-            "--local-size",
-            "16",
-            "--batch-size",
-            "1",
-            "--width",
-            "4",
-            "--steps",
-            "1",
-            "--no-reference",
-            "--device",
-            "cpu",
-        ],
-    )
+    ok = runner.invoke(cli, ["bench", "train", "--size", "32", "--local-size", "16", "--batch-size", "1",
+                             "--width", "4", "--steps", "1", "--no-reference", "--device", "cpu"])
     assert ok.exit_code == 0 and "| gantool |" in ok.output and "speed-up" not in ok.output
     bad = runner.invoke(cli, ["bench", "train", "--size", "30", "--device", "cpu"])
     assert bad.exit_code != 0 and "multiple of 4" in bad.output and "Traceback" not in bad.output
@@ -101,27 +64,8 @@ def test_bench_train_degenerate_options_are_one_line(args, fragment):
 
 
 def test_bench_train_times_the_default_training_setup_on_the_cpu():
-    result = CliRunner().invoke(
-        cli,
-        [
-            "bench",
-            "train",
-            "--size",
-            "32",
-            "--local-size",
-            "16",
-            "--batch-size",
-            "1",
-            "--width",
-            "4",
-            "--steps",
-            "1",
-            "--no-reference",
-            "--device",
-            "cpu",
-            "--json",
-        ],
-    )
+    result = CliRunner().invoke(cli, ["bench", "train", "--size", "32", "--local-size", "16", "--batch-size", "1",
+                                      "--width", "4", "--steps", "1", "--no-reference", "--device", "cpu", "--json"])
     assert result.exit_code == 0, result.output
     row = json.loads(result.output)["rows"][0]
     # gantool train on the CPU: --amp auto, bf16 autocast + channels_last only where bf16 is native

@@ -235,9 +235,7 @@ def test_full_strategy_fills_the_hole_with_the_model_output_at_the_right_place(
     image = _image(height, width, seed=9)
     hole = np.zeros((height, width), bool)
     hole[4:20, 6:25] = True
-    out = np.asarray(
-        inpainter.inpaint(image, hole.astype(np.uint8) * 255, strategy="full", blend="none").convert("RGB")
-    )
+    out = np.asarray(inpainter.inpaint(image, hole.astype(np.uint8) * 255, strategy="full", blend="none").convert("RGB"))
     ph, pw = (-height) % 4, (-width) % 4
     top, left = ph // 2, pw // 2
     spec = ((top, ph - top), (left, pw - left))

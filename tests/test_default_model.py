@@ -123,15 +123,7 @@ def test_model_card_documents_data_config_steps_time_and_evaluation():
     for key in ("width", "size", "local_size"):
         assert re.search(rf"^{key} = {config[key]}\b", recipe, re.MULTILINE), key  # the recipe is the shipped model's
     assert re.search(rf'^hole_fill = "{config["hole_fill"]}"', recipe, re.MULTILINE)
-    for needle in (
-        "examples/default_photos.toml",
-        "Wall time",
-        "PSNR",
-        "SSIM",
-        "Telea",
-        "Navier-Stokes",
-        "Limitations",
-    ):
+    for needle in ("examples/default_photos.toml", "Wall time", "PSNR", "SSIM", "Telea", "Navier-Stokes", "Limitations"):
         assert needle in text, needle
     assert read_model_metadata(ONNX)["gantool.train_step"] in text  # the steps trained
 
@@ -177,55 +169,24 @@ def test_an_installed_wheel_finds_the_shipped_model(tmp_path: Path):
             shutil.copy(REPO / name, source / name)
     if not (source / "README.md").exists():
         (source / "README.md").write_text("gantool\n")
-    shutil.copytree(
-        REPO / "toolkit" / "gantool",
-        source / "toolkit" / "gantool",
-        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
-    )
+    shutil.copytree(REPO / "toolkit" / "gantool", source / "toolkit" / "gantool",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     shutil.copytree(MODELS, source / "models")
     wheels = tmp_path / "wheels"
-    build = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            str(source),
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "-q",
-            "-w",
-            str(wheels),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation",
+                            "--no-index", "-q", "-w", str(wheels)], capture_output=True, text=True, timeout=600)
     if build.returncode != 0 and "No module named pip" in build.stderr:
         pytest.skip("pip is not available to build a wheel")
     assert build.returncode == 0, build.stderr
     (wheel,) = wheels.glob("gantool-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {
-        "gantool/models/generator.onnx",
-        "gantool/models/generator.safetensors",
-        "gantool/models/README.md",
-    } <= names
+    assert {"gantool/models/generator.onnx", "gantool/models/generator.safetensors", "gantool/models/README.md"} <= names
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)  # what pip install puts in site-packages
-    probe = (
-        "import gantool.core.artifacts as r; from pathlib import Path; d = r.default_model_dir(); "
-        "print(d); print(r.resolve_model(None)[0])"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", probe],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
-    )
+    probe = ("import gantool.core.artifacts as r; from pathlib import Path; d = r.default_model_dir(); "
+             "print(d); print(r.resolve_model(None)[0])")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
     folder, model = proc.stdout.split()
     assert Path(folder) == site / "gantool" / "models" and Path(model) == site / "gantool" / "models" / "generator.onnx"

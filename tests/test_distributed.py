@@ -41,30 +41,12 @@ from gantool.training.distributed import (
     sync_batchnorm_supported,
 )
 from gantool.training.loop import build_networks, build_optimizers, phase_at, set_requires_grad, train
-from tiny import TINY_MODEL, tiny_train_config
+from tiny import TINY_MODEL, TINY_MODEL_ARGS, tiny_train_config
 
 WORLD = 2
 GLOBAL_BATCH = 4
-TINY_ARGS = [
-    "--size",
-    "32",
-    "--local-size",
-    "16",
-    "--width",
-    "4",
-    "--disc-width",
-    "2",
-    "--disc-fc",
-    "8",
-    "--batch-size",
-    str(GLOBAL_BATCH),
-    "--workers",
-    "0",
-    "--log-every",
-    "1",
-    "--quiet",
-    "--no-amp",
-]  # float32: the references below are; amp's default is bf16 on CPUs that have it
+TINY_ARGS = [*TINY_MODEL_ARGS, "--batch-size", str(GLOBAL_BATCH), "--workers", "0", "--log-every", "1",
+             "--quiet", "--no-amp"]  # float32: the references below are; amp's default is bf16 on CPUs that have it
 # float32 sums in a different order (gloo's all-reduce of pre-divided gradients
 # vs autograd accumulating two half losses; the workers run 1 OpenMP thread,
 # this process more) differ in the last bits. Seen after 4 and 6 steps:
@@ -81,26 +63,10 @@ def launch(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen:
 
     --standalone rendezvouses on a free local port, so parallel runs never clash.
     """
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(WORLD),
-        "-m",
-        "gantool",
-        "train",
-        *args,
-    ]
-    return subprocess.Popen(
-        command,
-        cwd=cwd,
-        env=dict(env, OMP_NUM_THREADS="1"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD),
+               "-m", "gantool", "train", *args]
+    return subprocess.Popen(command, cwd=cwd, env=dict(env, OMP_NUM_THREADS="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def finish(proc: subprocess.Popen, timeout: float = TIMEOUT_S) -> str:
@@ -148,33 +114,16 @@ def read_metrics(path: Path) -> list[dict]:
 def ddp_run(tmp_path_factory: pytest.TempPathFactory, subprocess_env: dict[str, str]) -> SimpleNamespace:
     """A 2-process run of 4 steps (default run folder), then a 2-process resume to 6."""
     cwd = tmp_path_factory.mktemp("ddp_cwd")
-    first = run_to_end(
-        [
-            *TINY_ARGS,
-            "--steps-g",
-            "2",
-            "--steps-d",
-            "1",
-            "--steps-joint",
-            "1",
-            "--sample-every",
-            "4",
-            "--checkpoint-every",
-            "2",
-        ],
-        cwd,
-        subprocess_env,
-    )
+    first = run_to_end([*TINY_ARGS, "--steps-g", "2", "--steps-d", "1", "--steps-joint", "1",
+                        "--sample-every", "4", "--checkpoint-every", "2"], cwd, subprocess_env)
     runs = list((cwd / "runs").iterdir())
     assert len(runs) == 1, f"one run folder expected (rank 0's timestamp on every rank), got {runs}"
     run_dir = runs[0]
     metrics_after_first = read_metrics(run_dir / "metrics.jsonl")
-    second = run_to_end(
-        ["--resume", str(run_dir / "checkpoints" / "last.pt"), "--steps-joint", "3", "--quiet"], cwd, subprocess_env
-    )
-    return SimpleNamespace(
-        cwd=cwd, run_dir=run_dir, first=first, second=second, metrics_after_first=metrics_after_first
-    )
+    second = run_to_end(["--resume", str(run_dir / "checkpoints" / "last.pt"), "--steps-joint", "3", "--quiet"],
+                        cwd, subprocess_env)
+    return SimpleNamespace(cwd=cwd, run_dir=run_dir, first=first, second=second,
+                           metrics_after_first=metrics_after_first)
 
 
 # ------------------------------------------------------------------ the reference
@@ -193,11 +142,8 @@ def reference_training(checkpoint: dict, steps: int, ranks: tuple[int, ...] = (0
     weight = 1.0 / len(ranks)
 
     def d_loss(real: torch.Tensor, fake: torch.Tensor, corners: torch.Tensor) -> torch.Tensor:
-        return discriminator_loss(
-            D(crop_local(real, corners, cfg.local_size), real),
-            D(crop_local(fake, corners, cfg.local_size), fake),
-            cfg.alpha,
-        )
+        return discriminator_loss(D(crop_local(real, corners, cfg.local_size), real),
+                                  D(crop_local(fake, corners, cfg.local_size), fake), cfg.alpha)
 
     for step in range(steps):
         phase = phase_at(step, cfg)
@@ -218,9 +164,7 @@ def reference_training(checkpoint: dict, steps: int, ranks: tuple[int, ...] = (0
             for (real, mask, corners), fake in zip(shares, fakes):
                 loss = cfg.recon_weight * hole_mse(fake, real, mask)
                 if phase == "joint":
-                    loss = loss + generator_adversarial_loss(
-                        D(crop_local(fake, corners, cfg.local_size), fake), cfg.alpha
-                    )
+                    loss = loss + generator_adversarial_loss(D(crop_local(fake, corners, cfg.local_size), fake), cfg.alpha)
                 (loss * weight).backward()
             set_requires_grad(D, True)
             opt_g.step()
@@ -281,18 +225,9 @@ def test_checkpoint_of_a_two_process_run_loads_and_inpaints(ddp_run: SimpleNames
 def test_only_rank_zero_writes(ddp_run: SimpleNamespace) -> None:
     run = ddp_run.run_dir
     files = sorted(str(p.relative_to(ddp_run.cwd)) for p in ddp_run.cwd.rglob("*") if p.is_file())
-    expected = [
-        "checkpoints/last.pt",
-        "checkpoints/step_2.pt",
-        "checkpoints/step_4.pt",
-        "checkpoints/step_6.pt",
-        "config.toml",
-        "gantool-run.json",
-        "metrics.jsonl",
-        "samples/step_4.png",
-        "samples/step_6.png",
-        "status.json",
-    ]
+    expected = ["checkpoints/last.pt", "checkpoints/step_2.pt", "checkpoints/step_4.pt", "checkpoints/step_6.pt",
+                "config.toml", "gantool-run.json", "metrics.jsonl", "samples/step_4.png", "samples/step_6.png",
+                "status.json"]
     # no temp files, no lock left behind, no second run folder
     assert files == [str((run / f).relative_to(ddp_run.cwd)) for f in expected]
     records = read_metrics(run / "metrics.jsonl")
@@ -308,7 +243,7 @@ def test_resume_under_two_processes_continues_from_the_checkpoint_step(ddp_run: 
     last = load_checkpoint(ddp_run.run_dir / "checkpoints" / "last.pt")
     assert (last["step"], last["phase"]) == (6, "joint")
     assert last["train_config"]["steps_joint"] == 3
-    records = read_metrics(ddp_run.run_dir / "metrics.jsonl")[len(ddp_run.metrics_after_first) :]
+    records = read_metrics(ddp_run.run_dir / "metrics.jsonl")[len(ddp_run.metrics_after_first):]
     assert [r["step"] for r in records if "images_per_s" in r] == [5, 6]
 
 
@@ -321,12 +256,8 @@ def test_logged_losses_are_the_mean_over_ranks(ddp_run: SimpleNamespace) -> None
     dataset = InpaintingDataset(SyntheticSource(seed=cfg.seed), cfg.size, cfg.local_size, cfg.mask, cfg.hole_range())
     per_rank = []
     for rank in range(WORLD):  # step 1 (index 0) with the initial weights
-        images, masks, _ = zip(
-            *(
-                dataset[k]
-                for k in StepBatchSampler(len(dataset), cfg.batch_size, cfg.seed, 0, 1, rank, WORLD).batch_keys(0)
-            )
-        )
+        images, masks, _ = zip(*(dataset[k] for k in StepBatchSampler(len(dataset), cfg.batch_size, cfg.seed, 0, 1,
+                                                                      rank, WORLD).batch_keys(0)))
         real, mask = torch.stack(images), torch.stack(masks)
         with torch.no_grad():
             per_rank.append(float(hole_mse(nets.generator.train()(real, mask), real, mask)))
@@ -338,30 +269,15 @@ def test_logged_losses_are_the_mean_over_ranks(ddp_run: SimpleNamespace) -> None
 
 @pytest.mark.slow  # torchrun: two training processes
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds torchrun's workers through Linux /proc")
-def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
     """SIGTERM (a scheduler's; torchrun forwards it, and Ctrl-C's SIGINT) reaches
     rank 1 alone here: without the per-step consensus rank 0 would wait in the
     next all-reduce and die there, with no checkpoint."""
     out = tmp_path / "run"
-    proc = launch(
-        [
-            *TINY_ARGS,
-            "--out",
-            str(out),
-            "--steps-g",
-            "100000",
-            "--steps-d",
-            "0",
-            "--steps-joint",
-            "0",
-            "--sample-every",
-            "100000",
-            "--checkpoint-every",
-            "100000",
-        ],
-        tmp_path,
-        subprocess_env,
-    )
+    proc = launch([*TINY_ARGS, "--out", str(out), "--steps-g", "100000", "--steps-d", "0", "--steps-joint", "0",
+                   "--sample-every", "100000", "--checkpoint-every", "100000"], tmp_path, subprocess_env)
     metrics = out / "metrics.jsonl"
     deadline = time.monotonic() + TIMEOUT_S
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
@@ -429,17 +345,12 @@ def test_setup_without_torchrun_is_a_single_process(monkeypatch: pytest.MonkeyPa
     assert context.step_consensus(losses, stop=True) == ({"loss_rec": 0.25}, True)
 
 
-@pytest.mark.parametrize(
-    "env, fragment",
-    [
-        ({"WORLD_SIZE": "2"}, "RANK is not"),
-        ({"WORLD_SIZE": "two", "RANK": "0"}, "not an integer"),
-        ({"WORLD_SIZE": "2", "RANK": "5"}, "outside 0..1"),
-    ],
-)
-def test_broken_torchrun_environment_is_a_clear_error(
-    monkeypatch: pytest.MonkeyPatch, env: dict, fragment: str
-) -> None:
+@pytest.mark.parametrize("env, fragment", [
+    ({"WORLD_SIZE": "2"}, "RANK is not"),
+    ({"WORLD_SIZE": "two", "RANK": "0"}, "not an integer"),
+    ({"WORLD_SIZE": "2", "RANK": "5"}, "outside 0..1"),
+])
+def test_broken_torchrun_environment_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, env: dict, fragment: str) -> None:
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
@@ -505,9 +416,8 @@ def test_a_dead_peer_fails_the_collective_at_once_and_is_recognised(subprocess_e
     store = torch_dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)
     peer = subprocess.Popen([sys.executable, "-c", PEER, str(store.port)], env=subprocess_env)
     try:
-        torch_dist.init_process_group(
-            "gloo", store=store, rank=0, world_size=2, timeout=datetime.timedelta(seconds=TIMEOUT_S)
-        )
+        torch_dist.init_process_group("gloo", store=store, rank=0, world_size=2,
+                                      timeout=datetime.timedelta(seconds=TIMEOUT_S))
         try:
             torch_dist.barrier()  # both are in
             peer.kill()
@@ -555,10 +465,8 @@ def test_the_dead_rank_is_named_when_the_survivor_fails_in_the_same_second() -> 
     # A rank the launcher found stopped (SIGSTOP) when the first ended, resumed and ended in the same
     # second as the one that waited for it (lost contact, or the agent's SIGTERM), is never the first.
     for stopped_code in (ProcessLostError.exit_code, 143, -signal.SIGTERM):
-        failures = {
-            0: ProcessFailure(0, 100, stopped_code, "<N/A>"),
-            1: ProcessFailure(1, 101, ProcessLostError.exit_code, "<N/A>"),
-        }
+        failures = {0: ProcessFailure(0, 100, stopped_code, "<N/A>"),
+                    1: ProcessFailure(1, 101, ProcessLostError.exit_code, "<N/A>")}
         failures[0].timestamp = failures[1].timestamp
         assert first_failure(failures)[0] == 0  # by the failures alone: the lower rank
         assert first_failure(failures, stopped={0: 100})[0] == 1
@@ -576,12 +484,8 @@ def test_the_dead_rank_line_names_the_last_checkpoint_and_finds_a_default_run_fo
 
     monkeypatch.chdir(tmp_path)
     host = socket.gethostname()
-    for name, pid, on in (
-        ("20261201-100000", 111, host),
-        ("20261201-100001", 222, host),
-        ("20261201-100002", 222, "elsewhere"),
-        ("broken", 222, host),
-    ):
+    for name, pid, on in (("20261201-100000", 111, host), ("20261201-100001", 222, host),
+                          ("20261201-100002", 222, "elsewhere"), ("broken", 222, host)):
         (tmp_path / "runs" / name).mkdir(parents=True)
         (tmp_path / "runs" / name / "status.json").write_text(json.dumps({"pid": pid, "host": on}))
     (tmp_path / "runs" / "broken" / "status.json").write_text("{not json")
@@ -629,10 +533,8 @@ def test_a_silent_peer_ends_the_next_collective_within_the_collective_timeout(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     timeout = 0.25
-    peer = subprocess.Popen(
-        [sys.executable, "-c", SILENT_PEER, str(2 * timeout)],
-        env={**subprocess_env, **env, "RANK": "1", "LOCAL_RANK": "1"},
-    )
+    peer = subprocess.Popen([sys.executable, "-c", SILENT_PEER, str(2 * timeout)],
+                            env={**subprocess_env, **env, "RANK": "1", "LOCAL_RANK": "1"})
     try:
         context = setup_distributed("cpu", collective_timeout=timeout)  # waits for the late peer
         try:
@@ -660,7 +562,5 @@ def test_a_silent_peer_ends_the_next_collective_within_the_collective_timeout(
     closure = RuntimeError("[../gloo/transport/tcp/pair.cc:599] Application timeout caused pair closure")
     assert is_collective_failure(closure)
     line = str(process_lost(context, closure, "at step 3"))
-    assert line == (
-        "process 0 of 2 lost contact with another process at step 3 (Application timeout caused pair "
-        "closure: no answer within --collective-timeout 0.25 s); it stopped without saving"
-    ), line
+    assert line == ("process 0 of 2 lost contact with another process at step 3 (Application timeout caused pair "
+                    "closure: no answer within --collective-timeout 0.25 s); it stopped without saving"), line

@@ -205,9 +205,7 @@ def run_block(block: Block, scratch: Scratch, timeout: float = 600) -> None:
         raise DocError(f"{block.where}: the block ran past {timeout:.0f} s\n--- output so far ---\n{tail}") from e
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
-        raise DocError(
-            f"{block.where}: the block failed (exit {proc.returncode}):\n{block.text}\n--- output ---\n{tail}"
-        )
+        raise DocError(f"{block.where}: the block failed (exit {proc.returncode}):\n{block.text}\n--- output ---\n{tail}")
 
 
 def run_page(blocks: list[Block], scratch: Scratch, tiers: tuple[str, ...]) -> list[str]:
@@ -277,11 +275,7 @@ gantool train --no-such-option   # broken on purpose
 
 def test_the_block_runner_fails_on_a_broken_block_and_names_it(tmp_path: Path) -> None:
     blocks = command_blocks(BROKEN_PAGE, "page.md")
-    assert [(b.line, b.marker, b.reason) for b in blocks] == [
-        (4, "run", ""),
-        (11, "skip", "needs a GPU"),
-        (16, "run", ""),
-    ]
+    assert [(b.line, b.marker, b.reason) for b in blocks] == [(4, "run", ""), (11, "skip", "needs a GPU"), (16, "run", "")]
     with pytest.raises(DocError, match=r"(?s)page\.md:16: the block failed.*no-such-option"):
         run_page(blocks, make_scratch(tmp_path / "scratch"), ("run",))
     assert (tmp_path / "scratch" / "out" / "first.txt").read_text() == "ok\n"  # and ran the first one
@@ -361,9 +355,7 @@ def options_tables(text: str, source: str) -> tuple[list[Table], list[str]]:
             k += 1
         tables.append(Table(" ".join(m.group("command").split()), f"{source}:{i + 1}", rows))
     for j, line in enumerate(lines):
-        header = (
-            line.lstrip().startswith("|") and j + 1 < len(lines) and re.match(r"^\s*\|[\s:|-]+\|\s*$", lines[j + 1])
-        )
+        header = line.lstrip().startswith("|") and j + 1 < len(lines) and re.match(r"^\s*\|[\s:|-]+\|\s*$", lines[j + 1])
         if header and _cells(line)[0].lower() in ("option", "options") and j not in marked_at:
             errors.append(f"{source}:{j + 1}: an options table without <!-- options: gantool CMD --> before it")
     return tables, errors
@@ -505,9 +497,7 @@ def test_the_options_check_fails_on_a_missing_option_and_on_a_stale_row() -> Non
     unmarked = TOY_PAGE.split("\n", 1)[1]
     tables, errors = options_tables(unmarked, "p.md")
     assert tables == [] and errors == ["p.md:1: an options table without <!-- options: gantool CMD --> before it"]
-    assert check_options_tables(commands, tables) == [
-        "gantool: no options table (put <!-- options: gantool --> before one in docs/)"
-    ]
+    assert check_options_tables(commands, tables) == ["gantool: no options table (put <!-- options: gantool --> before one in docs/)"]
 
 
 # ------------------------------------------------------------------------------ names and links

@@ -68,9 +68,7 @@ def test_both_onnxruntime_packages_together_is_a_problem_with_a_fix(monkeypatch:
 
 
 def test_unimportable_onnxruntime_is_an_error_and_exit_1(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(
-        doctor, "onnxruntime_info", lambda: ({"importable": False, "error": "No module named 'onnxruntime'"}, None)
-    )
+    monkeypatch.setattr(doctor, "onnxruntime_info", lambda: ({"importable": False, "error": "No module named 'onnxruntime'"}, None))
     monkeypatch.setattr(doctor, "installed_versions", lambda: {})
     report = doctor.diagnose()
     errors = [f for f in report.findings if f.level == "error"]
@@ -83,9 +81,7 @@ def test_unimportable_onnxruntime_is_an_error_and_exit_1(monkeypatch: pytest.Mon
 
 def test_a_gpu_without_a_working_cuda_provider_is_a_problem(monkeypatch: pytest.MonkeyPatch):
     checks = [
-        doctor.ProviderCheck(
-            "CUDAExecutionProvider", False, False, ["CPUExecutionProvider"], "libcudnn.so.9: not found"
-        ),
+        doctor.ProviderCheck("CUDAExecutionProvider", False, False, ["CPUExecutionProvider"], "libcudnn.so.9: not found"),
         doctor.ProviderCheck("CPUExecutionProvider", True, True, ["CPUExecutionProvider"]),
     ]
     info = {"importable": True, "version": "1.31.1", "packages": {"onnxruntime-gpu": "1.31.1"}}
@@ -110,9 +106,8 @@ def test_cli_json_schema():
 
 
 def test_console_entry_runs_doctor(subprocess_env):
-    proc = subprocess.run(
-        [sys.executable, "-m", "gantool", "doctor"], capture_output=True, text=True, env=subprocess_env, timeout=300
-    )
+    proc = subprocess.run([sys.executable, "-m", "gantool", "doctor"], capture_output=True, text=True,
+                          env=subprocess_env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "CPUExecutionProvider: loads and runs" in proc.stdout
     assert "usable on the CPU: yes" in proc.stdout

@@ -207,18 +207,8 @@ def test_evaluate_refuses_bad_options_before_any_work(exported_model, image_fold
 def test_cli_json_table_and_no_overwrite(exported_model, image_folder: Path, tmp_path: Path):
     runner = CliRunner()
     grid = tmp_path / "out" / "grid.png"
-    args = [
-        "eval",
-        str(exported_model.folder),
-        "--data",
-        str(image_folder),
-        "--size",
-        "32",
-        "--masks",
-        "free",
-        "--grid",
-        str(grid),
-    ]
+    args = ["eval", str(exported_model.folder), "--data", str(image_folder), "--size", "32", "--masks", "free",
+            "--grid", str(grid)]
     result = runner.invoke(cli, [*args, "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
@@ -257,25 +247,9 @@ def test_cli_errors_are_one_line(exported_model, tmp_path: Path):
 
 def test_console_entry_runs_eval(exported_model, image_folder: Path, tmp_path: Path, subprocess_env):
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gantool",
-            "eval",
-            str(exported_model.onnx),
-            "--data",
-            str(image_folder),
-            "--size",
-            "32",
-            "--count",
-            "2",
-            "--grid",
-            str(tmp_path / "g.png"),
-        ],
-        capture_output=True,
-        text=True,
-        env=subprocess_env,
-        timeout=300,
+        [sys.executable, "-m", "gantool", "eval", str(exported_model.onnx), "--data", str(image_folder),
+         "--size", "32", "--count", "2", "--grid", str(tmp_path / "g.png")],
+        capture_output=True, text=True, env=subprocess_env, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert "2 image(s) x 1 hole(s)" in proc.stdout and "| gantool + Poisson blend |" in proc.stdout
@@ -289,20 +263,8 @@ def test_eval_never_writes_inside_data_even_with_overwrite(exported_model, image
     before = {p.name: p.read_bytes() for p in image_folder.iterdir()}
     runner = CliRunner()
     for grid in (image_folder / "img0.png", image_folder / "grid.png", image_folder / "sub" / "g.png"):
-        result = runner.invoke(
-            cli,
-            [
-                "eval",
-                str(exported_model.onnx),
-                "--data",
-                str(image_folder),
-                "--size",
-                "32",
-                "--grid",
-                str(grid),
-                "--overwrite",
-            ],
-        )
+        result = runner.invoke(cli, ["eval", str(exported_model.onnx), "--data", str(image_folder), "--size", "32",
+                                     "--grid", str(grid), "--overwrite"])
         assert result.exit_code == 1 and "inside --data" in result.output and "Traceback" not in result.output
     assert {p.name: p.read_bytes() for p in image_folder.iterdir()} == before
 
@@ -363,34 +325,17 @@ def test_the_model_cards_eval_script_tabulates_evaluate_per_seed(
     import runpy
 
     script = Path(__file__).resolve().parents[1] / "examples" / "eval_default.py"
-    argv = [
-        str(script),
-        str(exported_model.onnx),
-        "--data",
-        str(image_folder),
-        "--seeds",
-        "0",
-        "1",
-        "--masks-per-image",
-        "2",
-        "--sizes",
-        "32",
-        "--masks",
-        "box",
-    ]
+    argv = [str(script), str(exported_model.onnx), "--data", str(image_folder), "--seeds", "0", "1",
+            "--masks-per-image", "2", "--sizes", "32", "--masks", "box"]
     monkeypatch.setattr(sys, "argv", argv)
     runpy.run_path(str(script), run_name="__main__")
     printed = capsys.readouterr().out
-    expected = [
-        evaluate(exported_model.onnx, image_folder, masks="box", size=32, seed=seed, masks_per_image=2)
-        for seed in (0, 1)
-    ]
+    expected = [evaluate(exported_model.onnx, image_folder, masks="box", size=32, seed=seed, masks_per_image=2)
+                for seed in (0, 1)]
     telea = [r.mean("telea", "psnr_hole") for r in expected]
     blended = [r.mean("gantool_poisson", "psnr_hole") for r in expected]
     assert f"| OpenCV Telea | {telea[0]:.2f} | {telea[1]:.2f} | {(telea[0] + telea[1]) / 2:.2f} |" in printed, printed
     margins = ", ".join(f"{b - t:+.2f}" for b, t in zip(blended, telea))
-    assert (
-        f"minus OpenCV Telea: mean {(blended[0] + blended[1] - telea[0] - telea[1]) / 2:+.2f} dB (per seed {margins})"
-        in printed
-    ), printed
+    assert f"minus OpenCV Telea: mean {(blended[0] + blended[1] - telea[0] - telea[1]) / 2:+.2f} dB (per seed {margins})" \
+        in printed, printed
     assert "**32 px, box holes**" in printed and "free-form" not in printed

@@ -96,11 +96,7 @@ def test_onnx_is_valid_self_contained_and_carries_the_contract(full_export):
     assert meta["gantool.weights_sha256"] == weights_sha256(state["generator"])
     assert json.loads(meta["gantool.model_config"]) == TINY_CONFIG.to_dict()
     assert json.loads(meta["gantool.processing"])["size_multiple"] == 4
-    assert (meta["gantool.train_step"], meta["gantool.train_phase"], meta["gantool.source"]) == (
-        "42",
-        "joint",
-        "last.pt",
-    )
+    assert (meta["gantool.train_step"], meta["gantool.train_phase"], meta["gantool.source"]) == ("42", "joint", "last.pt")
     assert meta["gantool.precision"] == "fp32" and meta["gantool.torch_version"] == torch.__version__
 
 

@@ -20,31 +20,19 @@ import pytest
 from conftest import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "examples" / "gpu_check.sh"
-STAGES = [
-    "install",
-    "env",
-    "pytest_cuda",
-    "train_bf16",
-    "export",
-    "ort_cuda",
-    "formats",
-    "bench_train",
-    "bench_inpaint",
-    "bench_ray",
-]
+STAGES = ["install", "env", "pytest_cuda", "train_bf16", "export", "ort_cuda", "formats", "bench_train",
+          "bench_inpaint", "bench_ray"]
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("bash") is None or shutil.which("timeout") is None, reason="needs bash and coreutils timeout"
-)
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
+                                reason="needs bash and coreutils timeout")
 
 
 def run_check(tmp_path: Path, subprocess_env: dict[str, str], **env: str) -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp_path / "out"
     out.mkdir()
     full_env = dict(subprocess_env, OUT=str(out), GPU_CHECK_DEVICE="cpu", GPU_CHECK_WORK=str(tmp_path / "work"), **env)
-    result = subprocess.run(
-        ["bash", str(SCRIPT)], cwd=tmp_path, env=full_env, capture_output=True, text=True, timeout=600
-    )
+    result = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=full_env, capture_output=True, text=True,
+                            timeout=600)
     summary = json.loads((out / "gpu_check.json").read_text())
     assert (out / "gpu_check.log").exists()
     return result, summary
@@ -71,20 +59,12 @@ def test_script_is_valid_bash():
 @pytest.mark.slow  # a real tiny training run, exports and benchmarks on the CPU (~40 s)
 def test_dry_run_on_the_cpu_passes_every_stage_it_can_run(tmp_path, subprocess_env):
     # pytest_cuda is left out here only because it would run pytest inside pytest (~40 s more).
-    result, summary = run_check(tmp_path, subprocess_env, GPU_CHECK_PYTHON=sys.executable, GPU_CHECK_SKIP="pytest_cuda")
+    result, summary = run_check(tmp_path, subprocess_env, GPU_CHECK_PYTHON=sys.executable,
+                                GPU_CHECK_SKIP="pytest_cuda")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert statuses(summary) == {
-        "install": "skip",
-        "env": "pass",
-        "pytest_cuda": "skip",
-        "train_bf16": "pass",
-        "export": "pass",
-        "ort_cuda": "skip",
-        "formats": "skip",
-        "bench_train": "pass",
-        "bench_inpaint": "pass",
-        "bench_ray": "skip",
-    }
+    assert statuses(summary) == {"install": "skip", "env": "pass", "pytest_cuda": "skip", "train_bf16": "pass",
+                                 "export": "pass", "ort_cuda": "skip", "formats": "skip", "bench_train": "pass",
+                                 "bench_inpaint": "pass", "bench_ray": "skip"}
     assert summary["ok"] and summary["dry_run"] and summary["device"] == "cpu"
     stages = {s["name"]: s for s in summary["stages"]}
     assert stages["ort_cuda"]["reason"] == stages["formats"]["reason"] == "dry run on the CPU"
@@ -105,11 +85,7 @@ def test_a_broken_interpreter_fails_every_stage_but_all_are_recorded(tmp_path, s
     assert [s["name"] for s in summary["stages"]] == STAGES
     got = statuses(summary)
     assert [name for name, status in got.items() if status == "fail"] == [
-        "env",
-        "pytest_cuda",
-        "train_bf16",
-        "bench_train",
-    ]
+        "env", "pytest_cuda", "train_bf16", "bench_train"]
     # the stages that depend on an earlier one's output skip, naming it
     assert got["export"] == "skip" and "train_bf16 did not finish" in summary["stages"][4]["reason"]
     assert summary["stages"][1]["reason"] == "this python is broken"
@@ -130,29 +106,21 @@ def test_the_budget_stops_a_hung_stage_and_skips_the_rest(tmp_path, subprocess_e
 
 def test_summary_goes_to_the_working_folder_without_out(tmp_path, subprocess_env):
     env = {k: v for k, v in subprocess_env.items() if k != "OUT"}
-    env.update(
-        GPU_CHECK_DEVICE="cpu",
-        GPU_CHECK_BUDGET_S="0",
-        GPU_CHECK_PYTHON=sys.executable,
-        GPU_CHECK_WORK=str(tmp_path / "work"),
-    )
+    env.update(GPU_CHECK_DEVICE="cpu", GPU_CHECK_BUDGET_S="0", GPU_CHECK_PYTHON=sys.executable,
+               GPU_CHECK_WORK=str(tmp_path / "work"))
     result = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     summary = json.loads((tmp_path / "gpu_check.json").read_text())
     assert result.returncode == 0  # everything skipped: nothing failed
     assert [s["status"] for s in summary["stages"]] == ["skip"] * len(STAGES)
 
 
-@pytest.mark.parametrize(
-    "env, message",
-    [
-        ({"GPU_CHECK_DEVICE": "tpu"}, "GPU_CHECK_DEVICE must be cuda or cpu"),
-        ({"GPU_CHECK_BUDGET_S": "soon"}, "GPU_CHECK_BUDGET_S must be a number"),
-    ],
-)
+@pytest.mark.parametrize("env, message", [
+    ({"GPU_CHECK_DEVICE": "tpu"}, "GPU_CHECK_DEVICE must be cuda or cpu"),
+    ({"GPU_CHECK_BUDGET_S": "soon"}, "GPU_CHECK_BUDGET_S must be a number"),
+])
 def test_bad_settings_are_one_line_errors(tmp_path, subprocess_env, env, message):
-    result = subprocess.run(
-        ["bash", str(SCRIPT)], cwd=tmp_path, env=dict(subprocess_env, **env), capture_output=True, text=True, timeout=60
-    )
+    result = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=dict(subprocess_env, **env),
+                            capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.strip() == result.stderr.strip().splitlines()[0] and message in result.stderr
     assert not (tmp_path / "gpu_check.json").exists()

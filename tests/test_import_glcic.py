@@ -236,9 +236,7 @@ def check_cli_migration(tmp_path: Path, sd: dict[str, torch.Tensor], width: int,
             assert result.exit_code == 0, result.output
             pixels = np.asarray(Image.open(image_path).convert("RGB"))
             hole = np.asarray(Image.open(mask_path)) > 127
-            image = (
-                torch.from_numpy(pixels.copy()).permute(2, 0, 1)[None].double() / 255.0
-            )  # copy: a read-only view warns
+            image = torch.from_numpy(pixels.copy()).permute(2, 0, 1)[None].double() / 255.0  # copy: a read-only view warns
             mask = torch.from_numpy(hole)[None, None].double()
             reference, tol = oracle(sd, image, mask, width)
             expected = reference[0].permute(1, 2, 0).numpy() * 255.0

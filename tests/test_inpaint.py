@@ -104,7 +104,9 @@ def test_grey_palette_and_16bit_inputs_keep_their_family(exported_model: Exporte
     assert_only_hole_changed(deep_values, written, hole)
 
 
-def test_jpeg_exif_rotation_mask_applies_to_the_displayed_image(exported_model: ExportedModel, tmp_path: Path) -> None:
+def test_jpeg_exif_rotation_mask_applies_to_the_displayed_image(
+    exported_model: ExportedModel, tmp_path: Path
+) -> None:
     stored = Image.fromarray(textured_rgb(40, 24))  # 24 wide, 40 high as stored
     exif = Image.Exif()
     exif[0x0112] = 6  # displayed rotated: 40 wide, 24 high
@@ -407,9 +409,7 @@ def test_real_console_entry(
     assert done.stdout == ""
 
 
-def test_a_failed_write_on_the_writer_thread_fails_that_file_only(
-    exported_model: ExportedModel, tmp_path: Path
-) -> None:
+def test_a_failed_write_on_the_writer_thread_fails_that_file_only(exported_model: ExportedModel, tmp_path: Path) -> None:
     folder = tmp_path / "in"
     folder.mkdir()
     for name in ("a", "b", "c"):
@@ -418,9 +418,8 @@ def test_a_failed_write_on_the_writer_thread_fails_that_file_only(
     box_mask_image(24, 28, 6, 6, 14, 16).save(mask)
     out = tmp_path / "out"
     (out / "b.inpainted.png").mkdir(parents=True)  # the rename onto a folder fails at write time
-    result = invoke(
-        folder, "--mask", mask, "-o", out, "--model", exported_model.folder, "--overwrite", "--batch-size", "2"
-    )
+    result = invoke(folder, "--mask", mask, "-o", out, "--model", exported_model.folder, "--overwrite",
+                    "--batch-size", "2")
     assert result.exit_code == 1, result.output
     assert "2 inpainted, 1 failed" in result.output and "b.png" in result.output
     assert (out / "a.inpainted.png").is_file() and (out / "c.inpainted.png").is_file()

@@ -170,15 +170,12 @@ def test_truncated_image_is_replaced_by_the_next_one(tmp_path, caplog):
     assert any("unreadable" in r.message for r in caplog.records)
 
 
-@pytest.mark.parametrize(
-    "setup, fragment",
-    [
-        (lambda p: None, "not found"),
-        (lambda p: p.mkdir(), "no image files"),
-        (lambda p: (p.mkdir(), (p / "x.png").write_text("nope")), "none readable"),
-        (lambda p: p.write_text("file"), "got a file"),
-    ],
-)
+@pytest.mark.parametrize("setup, fragment", [
+    (lambda p: None, "not found"),
+    (lambda p: p.mkdir(), "no image files"),
+    (lambda p: (p.mkdir(), (p / "x.png").write_text("nope")), "none readable"),
+    (lambda p: p.write_text("file"), "got a file"),
+])
 def test_unusable_data_folders_are_clear_errors(tmp_path, setup, fragment):
     path = tmp_path / "data"
     setup(path)
@@ -311,15 +308,12 @@ def test_a_folder_too_large_to_cache_is_decoded_per_sample(tmp_path, monkeypatch
     assert source._decoded == {}
 
 
-@pytest.mark.parametrize(
-    "changes, fragment",
-    [
-        ({"scale_min": 3.0, "scale_max": 2.0}, "scale_min <= scale_max"),
-        ({"scale_min": 0.5}, "scale_min = 0.5: expected a number in [1, 64]"),
-        ({"scale_max": "big"}, "scale_max = 'big': expected a number"),
-        ({"scale_max": 65}, "scale_max = 65"),
-    ],
-)
+@pytest.mark.parametrize("changes, fragment", [
+    ({"scale_min": 3.0, "scale_max": 2.0}, "scale_min <= scale_max"),
+    ({"scale_min": 0.5}, "scale_min = 0.5: expected a number in [1, 64]"),
+    ({"scale_max": "big"}, "scale_max = 'big': expected a number"),
+    ({"scale_max": 65}, "scale_max = 65"),
+])
 def test_bad_crop_scales_are_one_line(changes, fragment):
     with pytest.raises(InputError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
         TrainConfig.from_dict(changes).validate()
@@ -469,8 +463,5 @@ def test_hole_fill_is_checked_in_the_model_config():
         ModelConfig(**TINY_MODEL, hole_fill="blur").validate()
     with pytest.raises(InputError, match="hole_fill"):
         TrainConfig(**TINY_MODEL, hole_fill="blur").validate()
-    assert (
-        ModelConfig.from_dict({**ModelConfig(**TINY_MODEL).to_dict(), "hole_fill": "push-pull"}).hole_fill
-        == "push-pull"
-    )
+    assert ModelConfig.from_dict({**ModelConfig(**TINY_MODEL).to_dict(), "hole_fill": "push-pull"}).hole_fill == "push-pull"
     assert ModelConfig.from_dict({"width": 4}).hole_fill == "mean-pixel"  # files from before the option

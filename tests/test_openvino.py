@@ -275,10 +275,7 @@ def test_inpaint_startup_line_says_which_precision_runs_and_why(modern_export, t
     result = CliRunner().invoke(cli, ["inpaint", str(tmp_path / "a.png"), "--box", "4,4,8,8", "--model", str(folder),
                                       "--provider", "cpu"])  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert (
-        f"backend: {AUTO_CPU_RUNTIME}; precision: int8 (the model prefers int8 (gantool export --prefer int8"
-        in result.output
-    )
+    assert f"backend: {AUTO_CPU_RUNTIME}; precision: int8 (the model prefers int8 (gantool export --prefer int8" in result.output
     info = CliRunner().invoke(cli, ["info", str(folder / "generator.onnx")])
     assert f"default options run it here: {AUTO_CPU_RUNTIME}, int8 (the model prefers int8" in info.output, info.output
 
@@ -318,9 +315,7 @@ def test_export_cli_prefer_int8_then_default_inpaint_runs_int8(checkpoint_factor
 
     checkpoint = checkpoint_factory("trained", seed=5, step=4, phase="joint")
     out = tmp_path / "export"
-    result = CliRunner().invoke(
-        cli, ["export", str(checkpoint), "--onnx", "--int8", "--prefer", "int8", "-o", str(out)]
-    )
+    result = CliRunner().invoke(cli, ["export", str(checkpoint), "--onnx", "--int8", "--prefer", "int8", "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert "openvino-int8" in result.output and "openvino " in result.output  # the sweep's rows
     assert read_model_metadata(out / "generator_int8.onnx")[META_PREFER] == "int8"

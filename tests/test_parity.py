@@ -244,9 +244,7 @@ def eager_reference():
 
 def _sweep(reference, run, precision="fp32"):
     cases = [ParityCase(1, 32, 32, "box"), ParityCase(2, 12, 20, "full")]
-    return parity_sweep(
-        reference, [BackendSpec("suspect", run, precision)], cases, TINY_CONFIG.local_size, ATOL, MIN_PSNR
-    )
+    return parity_sweep(reference, [BackendSpec("suspect", run, precision)], cases, TINY_CONFIG.local_size, ATOL, MIN_PSNR)
 
 
 def test_sweep_passes_the_reference_itself(eager_reference):

@@ -20,25 +20,8 @@ from gantool.core.errors import InputError, TrainingError
 from gantool.training.loop import train
 from gantool.training.runs import PLOT_GROUPS, find_runs, plot_run, read_metrics, runs_table, summarize_run
 from gantool.training.tracking import STATUS_FILE, TENSORBOARD_INSTALL
-from tiny import tiny_train_config
+from tiny import TINY_ARGS, tiny_train_config
 
-TINY_ARGS = [
-    "--size",
-    "32",
-    "--local-size",
-    "16",
-    "--width",
-    "4",
-    "--disc-width",
-    "2",
-    "--disc-fc",
-    "8",
-    "--batch-size",
-    "4",
-    "--workers",
-    "0",
-    "--quiet",
-]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -64,34 +47,14 @@ def sigint_once(value):
 
 def kill_9_while_training(out: Path, env: dict[str, str]) -> None:
     """A real ``gantool train`` process, SIGKILLed once it has logged a few steps past a checkpoint."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "gantool",
-        "train",
-        "--out",
-        str(out),
-        *TINY_ARGS,
-        "--steps-g",
-        "100000",
-        "--steps-d",
-        "0",
-        "--steps-joint",
-        "0",
-        "--log-every",
-        "1",
-        "--checkpoint-every",
-        "2",
-    ]
+    cmd = [sys.executable, "-m", "gantool", "train", "--out", str(out), *TINY_ARGS, "--steps-g", "100000",
+           "--steps-d", "0", "--steps-joint", "0", "--log-every", "1", "--checkpoint-every", "2"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics, deadline = out / "metrics.jsonl", time.monotonic() + 120
     try:
         while time.monotonic() < deadline and proc.poll() is None:
-            if (
-                (out / "checkpoints" / "step_2.pt").exists()
-                and metrics.exists()
-                and len(metrics.read_text().splitlines()) >= 3
-            ):
+            if (out / "checkpoints" / "step_2.pt").exists() and metrics.exists() and \
+                    len(metrics.read_text().splitlines()) >= 3:
                 break
             time.sleep(0.2)
     finally:
@@ -130,15 +93,9 @@ def test_listing_tells_every_kind_of_run_apart(runs_root):
     infos = {info.name: info for info in find_runs(runs_root.root)}
     assert set(infos) == {"finished", "early", "signalled", "nonfinite", "killed", "broken", "old"}  # not notes/
     labels = {name: info.label for name, info in infos.items()}
-    assert labels == {
-        "finished": "finished",
-        "early": "stopped (early stop)",
-        "signalled": "stopped (signal)",
-        "nonfinite": "failed (non-finite)",
-        "killed": "killed",
-        "broken": "broken",
-        "old": "incomplete",
-    }
+    assert labels == {"finished": "finished", "early": "stopped (early stop)", "signalled": "stopped (signal)",
+                      "nonfinite": "failed (non-finite)", "killed": "killed", "broken": "broken",
+                      "old": "incomplete"}
     assert (infos["finished"].step, infos["finished"].total_steps, infos["finished"].phase) == (8, 8, "joint")
     assert (infos["early"].step, infos["early"].phase, infos["early"].checkpoint_step) == (4, "d", 4)
     assert infos["signalled"].step == runs_root.signalled_step < 8

@@ -622,9 +622,7 @@ def test_bench_serve_runs_and_reports(exported_model):
         assert row["in_process_images_per_s"] == pytest.approx((baselines[number] + baselines[number + 1]) / 2)
         assert row["ratio"] == pytest.approx(row["images_per_s"] / row["in_process_images_per_s"])
     ratios = sorted(row["ratio"] for row in rounds)
-    assert result["ratio"] == pytest.approx(ratios[1]) and result["ratio_range"] == pytest.approx(
-        [ratios[0], ratios[2]]
-    )
+    assert result["ratio"] == pytest.approx(ratios[1]) and result["ratio_range"] == pytest.approx([ratios[0], ratios[2]])
     assert result["server_images_per_s"] > 0 and result["in_process_png_images_per_s"] > 0
     assert set(result["rss_mb"]) == {"ready", "after_50", "after_all"}
     assert set(result["goals"]) == {"throughput", "rss_stable"}

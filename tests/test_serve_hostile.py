@@ -484,10 +484,8 @@ def test_a_second_signal_exits_at_once(exported_model, subprocess_env):
         except ConnectionResetError:
             leftover = b""
         # No answer, the real one, or (still queued at the first signal) 503 JSON; never a 500.
-        assert (
-            leftover == b""
-            or leftover.startswith(b"HTTP/1.1 200")
-            or (leftover.startswith(b"HTTP/1.1 503") and b'{"error":' in leftover)
+        assert leftover == b"" or leftover.startswith(b"HTTP/1.1 200") or (
+            leftover.startswith(b"HTTP/1.1 503") and b'{"error":' in leftover
         ), leftover[:200]
     stderr = process.stderr.read() if process.stderr else ""
     assert "Traceback" not in stderr and "again, exiting now" in stderr, stderr

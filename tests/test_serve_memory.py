@@ -224,9 +224,7 @@ def gpu_used_mb() -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not cuda_device_visible(), reason="needs an NVIDIA GPU: the CUDA arena is device memory (none here)"
-)
+@pytest.mark.skipif(not cuda_device_visible(), reason="needs an NVIDIA GPU: the CUDA arena is device memory (none here)")
 def test_a_releasing_cuda_run_gives_the_same_pixels_and_shrinks_the_device_arena(exported_model):
     model = exported_model.folder / "generator.onnx"
     kept = {}

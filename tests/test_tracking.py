@@ -34,30 +34,10 @@ from gantool.training.tracking import (
     TENSORBOARD_INSTALL,
     DiscriminatorHealth,
 )
-from tiny import no_autocast, tiny_batch, tiny_networks, tiny_train_config
+from tiny import TINY_ARGS, no_autocast, tiny_batch, tiny_networks, tiny_train_config
 
-TINY_ARGS = [
-    "--size",
-    "32",
-    "--local-size",
-    "16",
-    "--width",
-    "4",
-    "--disc-width",
-    "2",
-    "--disc-fc",
-    "8",
-    "--batch-size",
-    "4",
-    "--workers",
-    "0",
-    "--quiet",
-]
-LOSS_TAGS = {
-    "g": {"loss_rec"},
-    "d": {"loss_d", "d_real", "d_fake"},
-    "joint": {"loss_rec", "loss_adv", "loss_d", "d_real", "d_fake"},
-}
+LOSS_TAGS = {"g": {"loss_rec"}, "d": {"loss_d", "d_real", "d_fake"},
+             "joint": {"loss_rec", "loss_adv", "loss_d", "d_real", "d_fake"}}
 VAL_TAGS = {"val/psnr", "val/psnr_hole", "val/ssim", "val/l1", "val/l1_hole"}
 TRAIN_TAGS = {"train/images_per_s", "train/data_wait", "train/lr_g", "train/lr_d"}
 
@@ -243,11 +223,8 @@ def test_only_rank_zero_writes_event_files(tmp_path, subprocess_env):
     from test_distributed import run_to_end
 
     out = tmp_path / "run"
-    run_to_end(
-        [*DDP_ARGS, "--out", str(out), "--steps-g", "1", "--steps-d", "1", "--steps-joint", "1", "--tensorboard"],
-        tmp_path,
-        subprocess_env,
-    )
+    run_to_end([*DDP_ARGS, "--out", str(out), "--steps-g", "1", "--steps-d", "1", "--steps-joint", "1",
+                "--tensorboard"], tmp_path, subprocess_env)
     files = list((out / TENSORBOARD_DIR).iterdir())
     assert len(files) == 1, files
     rank0_pid = json.loads((out / STATUS_FILE).read_text())["pid"]  # status.json is rank 0's own record
@@ -269,7 +246,6 @@ def test_run_tracker_is_quiet_on_other_ranks(tmp_path):
 
 def test_module_import_does_not_import_tensorboard(subprocess_env):
     code = "import sys, gantool.training.loop, gantool.training.runs; print('tensorboard' in sys.modules)"
-    result = subprocess.run(
-        [sys.executable, "-c", code], env=subprocess_env, capture_output=True, text=True, check=True
-    )
+    result = subprocess.run([sys.executable, "-c", code], env=subprocess_env, capture_output=True, text=True,
+                            check=True)
     assert result.stdout.strip() == "False"

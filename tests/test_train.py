@@ -20,25 +20,7 @@ from gantool.core.config import TrainConfig, read_toml
 from gantool.core.errors import InputError, TrainingError
 from gantool.training.checkpoint import generator_from_checkpoint, load_checkpoint
 from gantool.training.loop import train
-from tiny import TINY_MODEL, tiny_train_config
-
-TINY_ARGS = [
-    "--size",
-    "32",
-    "--local-size",
-    "16",
-    "--width",
-    "4",
-    "--disc-width",
-    "2",
-    "--disc-fc",
-    "8",
-    "--batch-size",
-    "4",
-    "--workers",
-    "0",
-    "--quiet",
-]
+from tiny import TINY_ARGS, TINY_MODEL, tiny_train_config
 
 
 def test_run_folder_has_checkpoints_samples_metrics_and_config(tmp_path):
@@ -107,26 +89,8 @@ def test_multi_scale_crops_of_a_photo_folder_are_recorded_and_resume_bitwise(tmp
     for i in range(4):
         noise = np.random.default_rng(i).integers(0, 256, (90, 120, 3), dtype=np.uint8)
         Image.fromarray(noise).save(data / f"p{i}.png")
-    common = [
-        "--data",
-        str(data),
-        *TINY_ARGS,
-        "--scale-min",
-        "1.5",
-        "--scale-max",
-        "2.5",
-        "--val-images",
-        "1",
-        "--steps-g",
-        "2",
-        "--steps-d",
-        "1",
-        "--steps-joint",
-        "1",
-        "--checkpoint-every",
-        "2",
-        "--channel-shuffle",
-    ]
+    common = ["--data", str(data), *TINY_ARGS, "--scale-min", "1.5", "--scale-max", "2.5", "--val-images", "1",
+              "--steps-g", "2", "--steps-d", "1", "--steps-joint", "1", "--checkpoint-every", "2", "--channel-shuffle"]
     straight = run_cli("train", *common, "--out", str(tmp_path / "a"))
     assert straight.exit_code == 0, straight.output
     recorded = read_toml(tmp_path / "a" / "config.toml")
@@ -216,9 +180,8 @@ def test_image_folder_training_skips_unreadable_files(tmp_path, caplog):
     for i in range(5):
         Image.new("RGB", (48, 40), (40 * i, 100, 200)).save(data / f"img{i}.png")
     (data / "broken.jpg").write_bytes(b"not a jpeg at all")
-    result = train(
-        tiny_train_config(data=str(tmp_path / "data"), out=str(tmp_path / "run"), val_images=1), progress=False
-    )
+    result = train(tiny_train_config(data=str(tmp_path / "data"), out=str(tmp_path / "run"), val_images=1),
+                   progress=False)
     assert result.step == 8
     assert any("skipped 1 unreadable" in r.message for r in caplog.records)
 
@@ -275,11 +238,8 @@ def test_cli_resume_rejects_files_that_are_not_checkpoints(tmp_path):
     text.write_text("hello")
     foreign = tmp_path / "foreign.pt"
     torch.save({"weights": torch.zeros(3)}, foreign)
-    for path, fragment in (
-        (text, "not a readable gantool checkpoint"),
-        (foreign, "not a gantool checkpoint"),
-        (tmp_path / "missing.pt", "checkpoint not found"),
-    ):
+    for path, fragment in ((text, "not a readable gantool checkpoint"), (foreign, "not a gantool checkpoint"),
+                           (tmp_path / "missing.pt", "checkpoint not found")):
         before = path.read_bytes() if path.exists() else None
         result = run_cli("train", "--resume", str(path), "--quiet")
         assert_one_line_error(result, fragment)
@@ -290,9 +250,8 @@ def test_cli_resume_rejects_files_that_are_not_checkpoints(tmp_path):
 def test_cli_out_under_a_file_is_a_clear_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    result = run_cli(
-        "train", "--out", str(blocker / "run"), *TINY_ARGS, "--steps-g", "1", "--steps-d", "0", "--steps-joint", "0"
-    )
+    result = run_cli("train", "--out", str(blocker / "run"), *TINY_ARGS, "--steps-g", "1", "--steps-d", "0",
+                     "--steps-joint", "0")
     assert_one_line_error(result, "output")
     assert blocker.read_text() == "x"
 
@@ -313,25 +272,8 @@ def subprocess_env() -> dict[str, str]:
 
 def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path):
     out = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "gantool",
-        "train",
-        "--out",
-        str(out),
-        *TINY_ARGS,
-        "--steps-g",
-        "100000",
-        "--steps-d",
-        "0",
-        "--steps-joint",
-        "0",
-        "--log-every",
-        "1",
-        "--checkpoint-every",
-        "100000",
-    ]
+    cmd = [sys.executable, "-m", "gantool", "train", "--out", str(out), *TINY_ARGS, "--steps-g", "100000",
+           "--steps-d", "0", "--steps-joint", "0", "--log-every", "1", "--checkpoint-every", "100000"]
     proc = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = out / "metrics.jsonl"
     deadline = time.monotonic() + 120
@@ -434,9 +376,8 @@ def test_resume_into_another_run_is_refused(tmp_path):
     a = train(cfg.replace(out=str(tmp_path / "a")), progress=False)
     b = train(cfg.replace(out=str(tmp_path / "b")), progress=False)
     before = run_files(b.run_dir)
-    result = run_cli(
-        "train", "--resume", str(a.last_checkpoint), "--out", str(b.run_dir), "--steps-joint", "4", "--quiet"
-    )
+    result = run_cli("train", "--resume", str(a.last_checkpoint), "--out", str(b.run_dir), "--steps-joint", "4",
+                     "--quiet")
     assert_one_line_error(result, "already holds a run")
     assert run_files(b.run_dir) == before
 
@@ -459,10 +400,8 @@ def test_resume_from_an_older_checkpoint_refuses_or_branches_with_out(tmp_path):
 
 
 def test_resume_of_a_checkpoint_outside_a_run_never_writes_beside_it(tmp_path, monkeypatch):
-    run = train(
-        tiny_train_config(out=str(tmp_path / "a"), steps_g=2, steps_d=0, steps_joint=0, checkpoint_every=2),
-        progress=False,
-    )
+    run = train(tiny_train_config(out=str(tmp_path / "a"), steps_g=2, steps_d=0, steps_joint=0, checkpoint_every=2),
+                progress=False)
     folder = tmp_path / "some" / "folder"
     folder.mkdir(parents=True)
     (folder / "model.pt").write_bytes(run.last_checkpoint.read_bytes())
@@ -476,28 +415,9 @@ def test_resume_of_a_checkpoint_outside_a_run_never_writes_beside_it(tmp_path, m
 
 def test_kill_9_then_resume_logs_every_step_once(tmp_path):
     out = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "gantool",
-        "train",
-        "--out",
-        str(out),
-        *TINY_ARGS,
-        "--steps-g",
-        "100000",
-        "--steps-d",
-        "0",
-        "--steps-joint",
-        "0",
-        "--log-every",
-        "1",
-        "--checkpoint-every",
-        "3",
-        "--sample-every",
-        "100000",
-        "--no-keep-checkpoints",
-    ]
+    cmd = [sys.executable, "-m", "gantool", "train", "--out", str(out), *TINY_ARGS, "--steps-g", "100000",
+           "--steps-d", "0", "--steps-joint", "0", "--log-every", "1", "--checkpoint-every", "3",
+           "--sample-every", "100000", "--no-keep-checkpoints"]
     proc = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_lines(proc, out / "metrics.jsonl", 5)
     proc.kill()  # SIGKILL: no handler runs
@@ -520,25 +440,8 @@ def wait_for_lines(proc, path: Path, count: int, timeout: float = 120) -> None:
 def test_sigterm_saves_a_checkpoint_and_exits_143_and_sigusr1_checkpoints_and_continues(tmp_path):
     out = tmp_path / "run"
     last = out / "checkpoints" / "last.pt"
-    cmd = [
-        sys.executable,
-        "-m",
-        "gantool",
-        "train",
-        "--out",
-        str(out),
-        *TINY_ARGS,
-        "--steps-g",
-        "100000",
-        "--steps-d",
-        "0",
-        "--steps-joint",
-        "0",
-        "--log-every",
-        "1",
-        "--checkpoint-every",
-        "100000",
-    ]
+    cmd = [sys.executable, "-m", "gantool", "train", "--out", str(out), *TINY_ARGS, "--steps-g", "100000",
+           "--steps-d", "0", "--steps-joint", "0", "--log-every", "1", "--checkpoint-every", "100000"]
     proc = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_lines(proc, out / "metrics.jsonl", 3)
     assert not last.exists()
@@ -573,22 +476,8 @@ def test_full_disk_during_a_checkpoint_ends_the_run_in_one_line(tmp_path, monkey
         return real_save(obj, f, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", save_or_fail)
-    result = run_cli(
-        "train",
-        "--out",
-        str(out),
-        *TINY_ARGS,
-        "--steps-g",
-        "8",
-        "--steps-d",
-        "0",
-        "--steps-joint",
-        "0",
-        "--checkpoint-every",
-        "4",
-        "--sample-every",
-        "100",
-    )
+    result = run_cli("train", "--out", str(out), *TINY_ARGS, "--steps-g", "8", "--steps-d", "0", "--steps-joint", "0",
+                     "--checkpoint-every", "4", "--sample-every", "100")
     assert_one_line_error(result, "No space left on device")
     assert "last.pt" in result.output
     monkeypatch.setattr(torch, "save", real_save)
@@ -611,9 +500,8 @@ def test_a_file_that_is_not_a_checkpoint_keeps_its_cause(tmp_path):
 
 def test_resume_drops_metrics_lines_past_the_checkpoint(tmp_path):
     """What a kill -9 after step 6 of a run checkpointed at step 4 leaves: lines 5, 6 and a torn one."""
-    cfg = tiny_train_config(
-        out=str(tmp_path / "run"), steps_g=8, steps_d=0, steps_joint=0, checkpoint_every=4, sample_every=100
-    )
+    cfg = tiny_train_config(out=str(tmp_path / "run"), steps_g=8, steps_d=0, steps_joint=0, checkpoint_every=4,
+                            sample_every=100)
     half = train(cfg, stop_after=4, progress=False)
     with (half.run_dir / "metrics.jsonl").open("a") as f:
         f.write(json.dumps({"step": 5, "phase": "g", "loss_rec": 1.0, "images_per_s": 1.0}) + "\n")
@@ -628,9 +516,8 @@ def test_a_run_in_use_is_not_resumed_twice_and_a_dead_holders_lock_is_taken_over
 
     from gantool.training.runfolder import LOCK_FILE
 
-    cfg = tiny_train_config(
-        out=str(tmp_path / "run"), steps_g=4, steps_d=0, steps_joint=0, checkpoint_every=2, sample_every=100
-    )
+    cfg = tiny_train_config(out=str(tmp_path / "run"), steps_g=4, steps_d=0, steps_joint=0, checkpoint_every=2,
+                            sample_every=100)
     half = train(cfg, stop_after=2, progress=False)
     lock = half.run_dir / LOCK_FILE
     assert not lock.exists()  # released when the run ended

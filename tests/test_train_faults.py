@@ -23,25 +23,7 @@ from gantool.core.config import read_toml
 from gantool.core.errors import GantoolError
 from gantool.training.checkpoint import load_checkpoint
 from gantool.training.loop import train
-from tiny import tiny_train_config
-
-TINY_ARGS = [
-    "--size",
-    "32",
-    "--local-size",
-    "16",
-    "--width",
-    "4",
-    "--disc-width",
-    "2",
-    "--disc-fc",
-    "8",
-    "--batch-size",
-    "4",
-    "--workers",
-    "0",
-    "--quiet",
-]
+from tiny import TINY_ARGS, tiny_train_config
 
 
 def run_cli(*args: str):
@@ -118,23 +100,8 @@ def test_a_second_signal_during_the_final_checkpoint_write_keeps_the_previous_on
         return real_save(obj, f, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", save_then_second_signal)
-    result = run_cli(
-        "train",
-        "--out",
-        str(out),
-        *TINY_ARGS,
-        "--steps-g",
-        "8",
-        "--steps-d",
-        "0",
-        "--steps-joint",
-        "0",
-        "--checkpoint-every",
-        "4",
-        "--sample-every",
-        "100",
-        "--no-keep-checkpoints",
-    )
+    result = run_cli("train", "--out", str(out), *TINY_ARGS, "--steps-g", "8", "--steps-d", "0", "--steps-joint",
+                     "0", "--checkpoint-every", "4", "--sample-every", "100", "--no-keep-checkpoints")
     monkeypatch.undo()
     assert result.exit_code == 130, result.output
     assert "Traceback" not in result.output and "enforce fail" not in result.output
@@ -145,23 +112,8 @@ def test_a_second_signal_during_the_final_checkpoint_write_keeps_the_previous_on
 
 # A model whose checkpoint (weights and both Adam moments: ~80 MB in ~100 records of up to 4 MB) takes torch's
 # writer long enough to signal it mid-write: tens of ms of C++ writes with Python callbacks between them.
-BIG_WRITE_ARGS = [
-    "--size",
-    "32",
-    "--local-size",
-    "16",
-    "--width",
-    "16",
-    "--disc-width",
-    "4",
-    "--disc-fc",
-    "16384",
-    "--batch-size",
-    "2",
-    "--workers",
-    "0",
-    "--quiet",
-]
+BIG_WRITE_ARGS = ["--size", "32", "--local-size", "16", "--width", "16", "--disc-width", "4", "--disc-fc", "16384",
+                  "--batch-size", "2", "--workers", "0", "--quiet"]
 
 
 @pytest.mark.slow  # an 80 MB checkpoint written (and fsynced) three times: 20-30 s on the loaded 2-core machine
@@ -202,25 +154,9 @@ def test_two_sigints_during_torchs_real_checkpoint_write_keep_the_previous_check
 
     thread = threading.Thread(target=signal_mid_write, daemon=True)
     thread.start()
-    result = run_cli(
-        "train",
-        "--out",
-        str(out),
-        *BIG_WRITE_ARGS,
-        "--steps-g",
-        "8",
-        "--steps-d",
-        "0",
-        "--steps-joint",
-        "0",
-        "--checkpoint-every",
-        "2",
-        "--sample-every",
-        "100",
-        "--log-every",
-        "1",
-        "--no-keep-checkpoints",
-    )
+    result = run_cli("train", "--out", str(out), *BIG_WRITE_ARGS, "--steps-g", "8", "--steps-d", "0",
+                     "--steps-joint", "0", "--checkpoint-every", "2", "--sample-every", "100", "--log-every", "1",
+                     "--no-keep-checkpoints")
     thread.join(timeout=10)
     assert seen.get("at_second") is not None and seen["full"] is not None, (seen, result.output)
     assert seen["at_second"] < seen["full"], seen  # the second came while the new file was being written
@@ -240,23 +176,9 @@ def test_two_sigints_during_torchs_real_checkpoint_write_keep_the_previous_check
     # Resumed for one step, and an uninterrupted run of 3 steps: bitwise equal.
     resumed = run_cli("train", "--resume", str(last), "--steps-g", "3", "--quiet")
     assert resumed.exit_code == 0, resumed.output
-    straight = run_cli(
-        "train",
-        "--out",
-        str(tmp_path / "ref"),
-        *BIG_WRITE_ARGS,
-        "--steps-g",
-        "3",
-        "--steps-d",
-        "0",
-        "--steps-joint",
-        "0",
-        "--checkpoint-every",
-        "2",
-        "--sample-every",
-        "100",
-        "--no-keep-checkpoints",
-    )
+    straight = run_cli("train", "--out", str(tmp_path / "ref"), *BIG_WRITE_ARGS, "--steps-g", "3", "--steps-d",
+                       "0", "--steps-joint", "0", "--checkpoint-every", "2", "--sample-every", "100",
+                       "--no-keep-checkpoints")
     assert straight.exit_code == 0, straight.output
     after, reference = load_checkpoint(last), load_checkpoint(tmp_path / "ref" / "checkpoints" / "last.pt")
     assert after["step"] == reference["step"] == 3
@@ -282,23 +204,8 @@ def test_a_second_signal_just_after_the_checkpoint_was_renamed_reports_that_chec
             os.kill(os.getpid(), signal.SIGINT)  # the second, handled at the next bytecode: still in the writer
 
     monkeypatch.setattr(os, "replace", replace_then_second_signal)
-    result = run_cli(
-        "train",
-        "--out",
-        str(out),
-        *TINY_ARGS,
-        "--steps-g",
-        "8",
-        "--steps-d",
-        "0",
-        "--steps-joint",
-        "0",
-        "--checkpoint-every",
-        "4",
-        "--sample-every",
-        "100",
-        "--no-keep-checkpoints",
-    )
+    result = run_cli("train", "--out", str(out), *TINY_ARGS, "--steps-g", "8", "--steps-d", "0", "--steps-joint",
+                     "0", "--checkpoint-every", "4", "--sample-every", "100", "--no-keep-checkpoints")
     monkeypatch.undo()
     assert result.exit_code == 130, result.output
     assert load_checkpoint(last)["step"] == 6
@@ -371,31 +278,10 @@ def test_a_second_sigint_after_the_report_still_exits_130(tmp_path):
     must not kill it by the signal (the interpreter's teardown puts the default handlers back
     and takes seconds with torch loaded: before the fix this ended -2, not 130)."""
     out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gantool",
-            "train",
-            "--out",
-            str(out),
-            *TINY_ARGS,
-            "--steps-g",
-            "400",
-            "--steps-d",
-            "0",
-            "--steps-joint",
-            "0",
-            "--log-every",
-            "1",
-            "--sample-every",
-            "100000",
-        ],
-        env=subprocess_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = subprocess.Popen([sys.executable, "-m", "gantool", "train", "--out", str(out), *TINY_ARGS,
+                             "--steps-g", "400", "--steps-d", "0", "--steps-joint", "0", "--log-every", "1",
+                             "--sample-every", "100000"],
+                            env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for_steps(proc, out / "metrics.jsonl", 2)
     proc.send_signal(signal.SIGINT)
     assert proc.stderr is not None
@@ -418,24 +304,10 @@ def test_a_second_sigint_after_the_report_still_exits_130(tmp_path):
 def test_sigint_twice_at_several_gaps_leaves_a_checkpoint_that_resumes_bitwise(tmp_path, gap):
     out = tmp_path / "run"
     schedule = ["--steps-g", "6", "--steps-d", "6", "--steps-joint", "400"]
-    common = [
-        *TINY_ARGS,
-        *schedule,
-        "--log-every",
-        "1",
-        "--checkpoint-every",
-        "3",
-        "--sample-every",
-        "100000",
-        "--no-keep-checkpoints",
-    ]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gantool", "train", "--out", str(out), *common],
-        env=subprocess_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    common = [*TINY_ARGS, *schedule, "--log-every", "1", "--checkpoint-every", "3", "--sample-every", "100000",
+              "--no-keep-checkpoints"]
+    proc = subprocess.Popen([sys.executable, "-m", "gantool", "train", "--out", str(out), *common],
+                            env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for_steps(proc, out / "metrics.jsonl", 14)  # into the joint phase: D and G both step
     proc.send_signal(signal.SIGINT)
     time.sleep(gap)
@@ -446,14 +318,8 @@ def test_sigint_twice_at_several_gaps_leaves_a_checkpoint_that_resumes_bitwise(t
     state = load_checkpoint(out / "checkpoints" / "last.pt")
     at = state["step"]
     # An uninterrupted run to the same step, then one more step from each: bitwise equal.
-    cfg = {
-        "steps_g": 6,
-        "steps_d": 6,
-        "steps_joint": at + 1 - 12,
-        "checkpoint_every": 100000,
-        "sample_every": 100000,
-        "keep_checkpoints": False,
-    }
+    cfg = {"steps_g": 6, "steps_d": 6, "steps_joint": at + 1 - 12, "checkpoint_every": 100000,
+           "sample_every": 100000, "keep_checkpoints": False}
     ref = train(tiny_train_config(out=str(tmp_path / "ref"), **cfg), progress=False)
     resumed = train({"steps_joint": at + 1 - 12}, resume=out / "checkpoints" / "last.pt", progress=False)
     assert resumed.step == ref.step == at + 1
@@ -497,11 +363,8 @@ def test_relative_data_is_recorded_absolute_and_resume_elsewhere_trains_on_it(tm
     _image_folder(project_a / "data")
     _image_folder(project_b / "data", count=7)
     monkeypatch.chdir(project_a)
-    half = train(
-        tiny_train_config(data="data", out="run", steps_g=4, steps_d=0, steps_joint=0, val_images=1),
-        stop_after=2,
-        progress=False,
-    )
+    half = train(tiny_train_config(data="data", out="run", steps_g=4, steps_d=0, steps_joint=0, val_images=1),
+                 stop_after=2, progress=False)
     assert read_toml(half.run_dir / "config.toml")["data"] == str(project_a / "data")
     monkeypatch.chdir(project_b)
     assert train({}, resume=half.last_checkpoint, progress=False).step == 4  # still project A's images
@@ -510,9 +373,8 @@ def test_relative_data_is_recorded_absolute_and_resume_elsewhere_trains_on_it(tm
 
 def test_resume_on_changed_or_other_data_is_refused_unless_allowed(tmp_path):
     data = _image_folder(tmp_path / "data")
-    cfg = tiny_train_config(
-        data=str(data), out=str(tmp_path / "run"), steps_g=6, steps_d=0, steps_joint=0, val_images=1, checkpoint_every=2
-    )
+    cfg = tiny_train_config(data=str(data), out=str(tmp_path / "run"), steps_g=6, steps_d=0, steps_joint=0,
+                            val_images=1, checkpoint_every=2)
     half = train(cfg, stop_after=2, progress=False)
     last = str(half.last_checkpoint)
     from PIL import Image
@@ -552,22 +414,8 @@ def small_disk(tmp_path):
 @pytest.mark.parametrize("headroom_kb", [40, 120, 260])
 def test_a_disk_that_fills_during_training_ends_in_one_line_and_keeps_the_last_checkpoint(small_disk, headroom_kb):
     out = small_disk / "run"
-    args = [
-        *TINY_ARGS,
-        "--steps-g",
-        "4000",
-        "--steps-d",
-        "0",
-        "--steps-joint",
-        "0",
-        "--log-every",
-        "1",
-        "--checkpoint-every",
-        "3",
-        "--sample-every",
-        "1",
-        "--keep-checkpoints",
-    ]
+    args = [*TINY_ARGS, "--steps-g", "4000", "--steps-d", "0", "--steps-joint", "0", "--log-every", "1",
+            "--checkpoint-every", "3", "--sample-every", "1", "--keep-checkpoints"]
     free = shutil.disk_usage(small_disk).free
     (small_disk / "filler").write_bytes(b"\0" * (free - headroom_kb * 1024))
     result = run_cli("train", "--out", str(out), *args)
@@ -586,9 +434,8 @@ def test_a_disk_that_fills_during_training_ends_in_one_line_and_keeps_the_last_c
 
 @pytest.mark.parametrize("inside", ["sub", "checkpoints/child", "samples/a/b/c"])
 def test_a_run_is_never_made_inside_another_run(tmp_path, inside, monkeypatch):
-    parent = train(
-        tiny_train_config(out=str(tmp_path / "parent"), steps_g=1, steps_d=0, steps_joint=0), progress=False
-    ).run_dir
+    parent = train(tiny_train_config(out=str(tmp_path / "parent"), steps_g=1, steps_d=0, steps_joint=0),
+                   progress=False).run_dir
     before = sorted(str(p) for p in parent.rglob("*"))
     one_line(run_cli("train", "--out", str(parent / inside), *TINY_ARGS), "inside the run")
     monkeypatch.chdir(parent / "checkpoints")  # a default runs/<timestamp> there would be inside it too
@@ -600,10 +447,8 @@ def test_a_run_is_never_made_inside_another_run(tmp_path, inside, monkeypatch):
 
 
 def _edited(tmp_path: Path, edit) -> Path:
-    run = train(
-        tiny_train_config(out=str(tmp_path / "src"), steps_g=2, steps_d=0, steps_joint=2, checkpoint_every=2),
-        progress=False,
-    )
+    run = train(tiny_train_config(out=str(tmp_path / "src"), steps_g=2, steps_d=0, steps_joint=2,
+                                  checkpoint_every=2), progress=False)
     state = torch.load(run.last_checkpoint, weights_only=True)
     edit(state)
     path = tmp_path / "edited.pt"
@@ -655,7 +500,8 @@ def test_a_latin1_data_or_out_name_is_one_line_before_any_folder(tmp_path):
 def test_a_refusal_after_the_folder_was_made_removes_it_again(tmp_path, monkeypatch):
     """A refusal that can only come once the run folder exists (a bad rng state) leaves nothing."""
     path = _edited(tmp_path, lambda s: s["rng"].update(torch=torch.zeros(3)))
-    result = run_cli("train", "--resume", str(path), "--out", str(tmp_path / "branch"), "--steps-joint", "4", "--quiet")
+    result = run_cli("train", "--resume", str(path), "--out", str(tmp_path / "branch"), "--steps-joint", "4",
+                     "--quiet")
     one_line(result, "rng state")
     assert not (tmp_path / "branch").exists()
     (tmp_path / "empty").mkdir()  # a folder the user made is kept, emptied of what gantool wrote
@@ -680,13 +526,8 @@ def test_a_stop_signal_during_setup_stops_before_the_first_step_and_leaves_no_fo
 @pytest.mark.slow
 def test_ctrl_c_in_the_first_second_exits_130_and_leaves_no_folder(tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gantool", "train", "--out", str(out), *TINY_ARGS],
-        env=subprocess_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = subprocess.Popen([sys.executable, "-m", "gantool", "train", "--out", str(out), *TINY_ARGS],
+                            env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
@@ -697,13 +538,10 @@ def test_ctrl_c_in_the_first_second_exits_130_and_leaves_no_folder(tmp_path):
 
 def test_output_into_a_closed_pipe_still_exits_0(tmp_path):
     out = tmp_path / "run"
-    cmd = (
-        f"{sys.executable} -m gantool train --out {out} {' '.join(TINY_ARGS)} --steps-g 1 --steps-d 0 "
-        "--steps-joint 0 | true"
-    )
-    done = subprocess.run(
-        ["bash", "-o", "pipefail", "-c", cmd], env=subprocess_env(), capture_output=True, text=True, timeout=300
-    )
+    cmd = (f"{sys.executable} -m gantool train --out {out} {' '.join(TINY_ARGS)} --steps-g 1 --steps-d 0 "
+           "--steps-joint 0 | true")
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], env=subprocess_env(), capture_output=True,
+                          text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "done: step 1" in done.stderr and "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
 
@@ -722,22 +560,8 @@ def test_a_vanishing_image_with_workers_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(data_module.ImageFolderSource, "__init__", then_vanish)
     monkeypatch.setattr(data_module, "estimate_fill", lambda *a: (0.5, 0.5, 0.5))
     args = [a for a in TINY_ARGS if a not in ("--workers", "0")]
-    result = run_cli(
-        "train",
-        "--data",
-        str(data),
-        "--out",
-        str(tmp_path / "run"),
-        *args,
-        "--workers",
-        "2",
-        "--val-images",
-        "1",
-        "--fill",
-        "0.5",
-        "0.5",
-        "0.5",
-    )
+    result = run_cli("train", "--data", str(data), "--out", str(tmp_path / "run"), *args, "--workers", "2",
+                     "--val-images", "1", "--fill", "0.5", "0.5", "0.5")
     line = one_line(result, "could be decoded")
     assert "DataLoader worker" not in line and "Original Traceback" not in result.output
 
@@ -754,19 +578,8 @@ def test_a_truncated_jpeg_is_warned_about_once_and_a_held_out_one_is_not_replace
     Image.new("RGB", (64, 64), (9, 9, 9)).save(data / "zz.jpg", quality=95)
     raw = (data / "zz.jpg").read_bytes()
     (data / "zz.jpg").write_bytes(raw[: len(raw) * 2 // 3])  # the last file: held out
-    train(
-        tiny_train_config(
-            data=str(data),
-            out=str(tmp_path / "run"),
-            steps_g=30,
-            steps_d=0,
-            steps_joint=0,
-            val_images=2,
-            sample_every=100,
-            checkpoint_every=100,
-        ),
-        progress=False,
-    )
+    train(tiny_train_config(data=str(data), out=str(tmp_path / "run"), steps_g=30, steps_d=0, steps_joint=0,
+                            val_images=2, sample_every=100, checkpoint_every=100), progress=False)
     warned = [r for r in caplog.records if "img2.jpg" in r.getMessage()]
     assert len(warned) == 1, [r.getMessage() for r in warned]
     source = ImageFolderSource(data)
@@ -781,10 +594,8 @@ def test_a_float_tiff_with_nan_pixels_is_skipped_with_a_warning(tmp_path, caplog
     data = _image_folder(tmp_path / "data", count=5)
     pixels = np.full((40, 40), np.nan, np.float32)
     Image.fromarray(pixels, mode="F").save(data / "img0_nan.tif")
-    result = train(
-        tiny_train_config(data=str(data), out=str(tmp_path / "run"), steps_g=6, steps_d=0, steps_joint=0, val_images=1),
-        progress=False,
-    )
+    result = train(tiny_train_config(data=str(data), out=str(tmp_path / "run"), steps_g=6, steps_d=0,
+                                     steps_joint=0, val_images=1), progress=False)
     assert result.step == 6
     assert any("NaN" in r.getMessage() and "img0_nan.tif" in r.getMessage() for r in caplog.records)
 
@@ -800,25 +611,12 @@ def test_runs_shows_the_checkpoint_step_missing_phases_null_psnr_and_plots_jpeg(
     (run / "checkpoints").mkdir(parents=True)
     (run / "config.toml").write_text("steps_g = 4\nsteps_d = 2\nsteps_joint = 2\n")
     (run / "metrics.jsonl").write_text(
-        json.dumps({"step": 1, "loss_rec": 0.5, "images_per_s": 3.0})
-        + "\n"
-        + json.dumps({"step": 1, "val_psnr": None, "val_psnr_hole": None})
-        + "\n"
+        json.dumps({"step": 1, "loss_rec": 0.5, "images_per_s": 3.0}) + "\n"
+        + json.dumps({"step": 1, "val_psnr": None, "val_psnr_hole": None}) + "\n"
     )
-    (run / "status.json").write_text(
-        json.dumps(
-            {
-                "state": "stopped",
-                "reason": "signal",
-                "step": 0,
-                "total_steps": 8,
-                "phase": "g",
-                "checkpoint_step": 2,
-                "pid": 1,
-                "host": "elsewhere",
-            }
-        )
-    )
+    (run / "status.json").write_text(json.dumps({"state": "stopped", "reason": "signal", "step": 0,
+                                                 "total_steps": 8, "phase": "g", "checkpoint_step": 2,
+                                                 "pid": 1, "host": "elsewhere"}))
     result = CliRunner().invoke(cli, ["runs", str(run)])
     assert result.exit_code == 0, result.output
     assert "step:        2/8" in result.output and "broken" not in result.output
@@ -852,27 +650,8 @@ def test_nproc_refusals_are_one_line_before_any_process_or_folder(tmp_path, args
 @pytest.mark.slow
 def test_nproc_launch_sigterm_exits_143_with_a_checkpoint_and_no_traceback(tmp_path):
     out = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "gantool",
-        "train",
-        "--nproc-per-node",
-        "2",
-        "--device",
-        "cpu",
-        "--out",
-        str(out),
-        *TINY_ARGS,
-        "--steps-g",
-        "100000",
-        "--steps-d",
-        "0",
-        "--steps-joint",
-        "0",
-        "--log-every",
-        "1",
-    ]
+    cmd = [sys.executable, "-m", "gantool", "train", "--nproc-per-node", "2", "--device", "cpu", "--out", str(out),
+           *TINY_ARGS, "--steps-g", "100000", "--steps-d", "0", "--steps-joint", "0", "--log-every", "1"]
     proc = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for_steps(proc, out / "metrics.jsonl", 3, timeout=300)
     proc.send_signal(signal.SIGUSR1)  # forwarded: a checkpoint, and training goes on
@@ -937,21 +716,8 @@ def _end(proc: subprocess.Popen, marker: str, timeout: float) -> str:
         pytest.fail(f"the launcher did not exit within {timeout} s:\n{proc.communicate()[1][-3000:]}")
 
 
-NPROC_ARGS = [
-    *TINY_ARGS,
-    "--device",
-    "cpu",
-    "--log-every",
-    "1",
-    "--checkpoint-every",
-    "2",
-    "--sample-every",
-    "100000",
-    "--steps-d",
-    "0",
-    "--steps-joint",
-    "0",
-]
+NPROC_ARGS = [*TINY_ARGS, "--device", "cpu", "--log-every", "1", "--checkpoint-every", "2",
+              "--sample-every", "100000", "--steps-d", "0", "--steps-joint", "0"]
 # What training depends on. rng["python"] / rng["numpy"] are saved and restored (resume is exact) but
 # never seeded on rank 0 and never drawn by the loop, so two fresh runs differ there: not compared.
 TRAINING_STATE = ("generator", "discriminator", "opt_g", "opt_d", "step", "phase")
@@ -978,14 +744,9 @@ LAUNCHER = [sys.executable, "-m", "gantool", "train", "--nproc-per-node", "2"]
 
 def _start_and_get_going(tmp_path: Path, out: Path, *extra: str) -> tuple[subprocess.Popen, dict[int, int]]:
     """A 2-process run with a checkpoint on disk and steps running past it; its rank -> worker pid."""
-    proc = subprocess.Popen(
-        [*LAUNCHER, "--out", str(out), *NPROC_ARGS, "--steps-g", "100000", *extra],
-        env=subprocess_env(),
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = subprocess.Popen([*LAUNCHER, "--out", str(out), *NPROC_ARGS, "--steps-g", "100000", *extra],
+                            env=subprocess_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     last, metrics = out / "checkpoints" / "last.pt", out / "metrics.jsonl"
     deadline = time.monotonic() + 300
     while True:
@@ -1027,47 +788,25 @@ def _assert_resumes_exactly(tmp_path: Path, out: Path, state: dict, step: int) -
     """The checkpoint is the state an uninterrupted 2-process run has at ``step``, bit for bit, and a
     single process resumes it in place (as the line says, less the launcher) and goes on exactly."""
     ref = tmp_path / "ref"
-    done = subprocess.run(
-        [*LAUNCHER, "--out", str(ref), *NPROC_ARGS, "--steps-g", str(step)],
-        env=subprocess_env(),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = subprocess.run([*LAUNCHER, "--out", str(ref), *NPROC_ARGS, "--steps-g", str(step)],
+                          env=subprocess_env(), cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     reference = load_checkpoint(ref / "checkpoints" / "last.pt")
     for key in TRAINING_STATE:
         _same_state(state[key], reference[key], key)
     _same_state(state["rng"]["torch"], reference["rng"]["torch"], "rng.torch")
     for run in (out, ref):
-        resumed = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "gantool",
-                "train",
-                "--resume",
-                str(run / "checkpoints" / "last.pt"),
-                "--steps-g",
-                str(step + 2),
-                "--quiet",
-            ],
-            env=subprocess_env(),
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        resumed = subprocess.run([sys.executable, "-m", "gantool", "train", "--resume",
+                                  str(run / "checkpoints" / "last.pt"), "--steps-g", str(step + 2), "--quiet"],
+                                 env=subprocess_env(), cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert resumed.returncode == 0 and f"done: step {step + 2}" in resumed.stdout, resumed.stderr
     after = [load_checkpoint(run / "checkpoints" / "last.pt") for run in (out, ref)]
     assert after[0]["step"] == step + 2
     for key in TRAINING_STATE:
         _same_state(after[0][key], after[1][key], key)
     _same_state(after[0]["rng"]["torch"], after[1]["rng"]["torch"], "rng.torch")
-    logged = [
-        r["step"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "images_per_s" in r
-    ]
+    logged = [r["step"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+              if "images_per_s" in r]
     assert logged == list(range(1, step + 3))  # the steps logged past the checkpoint were trained again, once
 
 
@@ -1111,11 +850,9 @@ def test_nproc_launch_a_stopped_rank_ends_the_run_within_the_collective_timeout(
     assert proc.returncode == 1, stderr
     assert took < 25, f"the launcher took {took:.0f} s after the SIGSTOP"  # 3 s, then the agent's stop
     other = 1 - stopped
-    start = (
-        f"process {stopped} of 2 stopped answering (pid {workers[stopped]}, found stopped by SIGSTOP, Ctrl-Z "
-        f"or a debugger): process {other} (pid {workers[other]}) waited --collective-timeout 3 s for it; "
-        "the others were stopped."
-    )
+    start = (f"process {stopped} of 2 stopped answering (pid {workers[stopped]}, found stopped by SIGSTOP, Ctrl-Z "
+             f"or a debugger): process {other} (pid {workers[other]}) waited --collective-timeout 3 s for it; "
+             "the others were stopped.")
     state, step = _assert_one_failure_line(stderr, out, start)
     assert not Path(f"/proc/{workers[stopped]}").exists(), "the stopped rank was left behind"
     _assert_resumes_exactly(tmp_path, out, state, step)
@@ -1155,10 +892,8 @@ def test_the_launcher_names_a_stopped_worker_and_resumes_it_once_another_has_end
         watch.poll()
         assert watch.ended and watch.stopped == {1: workers[1].pid}
         assert state(workers[1].pid) in "RS"  # resumed: a pending SIGTERM now reaches it
-        failures = {
-            0: ProcessFailure(0, workers[0].pid, ProcessLostError.exit_code, "<N/A>"),
-            1: ProcessFailure(1, workers[1].pid, -signal.SIGTERM, "<N/A>"),
-        }
+        failures = {0: ProcessFailure(0, workers[0].pid, ProcessLostError.exit_code, "<N/A>"),
+                    1: ProcessFailure(1, workers[1].pid, -signal.SIGTERM, "<N/A>")}
         assert failure_line(0, failures[0], failures, 3, watch, 5.0) == (
             f"process 1 of 3 stopped answering (pid {workers[1].pid}, found stopped by SIGSTOP, Ctrl-Z or a "
             f"debugger): process 0 (pid {workers[0].pid}) waited --collective-timeout 5 s for it; "
@@ -1209,16 +944,13 @@ def test_the_launcher_marks_a_run_failed_keeping_its_progress(tmp_path):
     assert not list(empty.iterdir())
 
 
-@pytest.mark.parametrize(
-    "args, toml, fragment",
-    [
-        (["--collective-timeout", "0"], None, "collective_timeout = 0.0: expected a number > 0 and <= 86400"),
-        (["--collective-timeout", "nan"], None, "collective_timeout = nan: expected a number > 0"),
-        (["--collective-timeout", "soon"], None, "'soon' is not a valid float"),
-        ([], 'collective_timeout = "60"', "collective_timeout = '60': expected a number > 0 and <= 86400"),
-        ([], "collective_timeout = true", "collective_timeout = True: expected a number"),
-    ],
-)
+@pytest.mark.parametrize("args, toml, fragment", [
+    (["--collective-timeout", "0"], None, "collective_timeout = 0.0: expected a number > 0 and <= 86400"),
+    (["--collective-timeout", "nan"], None, "collective_timeout = nan: expected a number > 0"),
+    (["--collective-timeout", "soon"], None, "'soon' is not a valid float"),
+    ([], 'collective_timeout = "60"', "collective_timeout = '60': expected a number > 0 and <= 86400"),
+    ([], "collective_timeout = true", "collective_timeout = True: expected a number"),
+])
 def test_a_bad_collective_timeout_is_one_line_before_any_folder(tmp_path, args, toml, fragment):
     if toml is not None:
         (tmp_path / "t.toml").write_text(toml + "\n")

@@ -13,6 +13,9 @@ from gantool.training.loop import DiscriminatorPair, Networks, build_optimizers
 
 TINY_MODEL = dict(width=4, disc_width=2, disc_fc=8, size=32, local_size=16)
 TINY_CONFIG = ModelConfig(**TINY_MODEL)
+# The tiny model as `gantool train` options, and the CLI tests' common arguments.
+TINY_MODEL_ARGS = [arg for key, value in TINY_MODEL.items() for arg in (f"--{key.replace('_', '-')}", str(value))]
+TINY_ARGS = [*TINY_MODEL_ARGS, "--batch-size", "4", "--workers", "0", "--quiet"]
 
 
 def params(module: torch.nn.Module) -> list[torch.Tensor]:
@@ -26,18 +29,8 @@ def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 
 def tiny_train_config(**changes) -> TrainConfig:
-    base = dict(
-        TINY_MODEL,
-        batch_size=4,
-        steps_g=2,
-        steps_d=2,
-        steps_joint=4,
-        workers=0,
-        log_every=1,
-        sample_every=4,
-        checkpoint_every=4,
-        val_images=2,
-    )
+    base = dict(TINY_MODEL, batch_size=4, steps_g=2, steps_d=2, steps_joint=4, workers=0,
+                log_every=1, sample_every=4, checkpoint_every=4, val_images=2)
     base.update(changes)
     return TrainConfig(**base)
 
@@ -62,15 +55,5 @@ def no_autocast():
     return contextlib.nullcontext()
 
 
-__all__ = [
-    "TINY_MODEL",
-    "TINY_CONFIG",
-    "params",
-    "same",
-    "tiny_train_config",
-    "tiny_networks",
-    "tiny_batch",
-    "no_autocast",
-    "build_optimizers",
-    "ModelConfig",
-]
+__all__ = ["TINY_MODEL", "TINY_CONFIG", "params", "same", "tiny_train_config", "tiny_networks", "tiny_batch", "no_autocast",
+           "build_optimizers", "ModelConfig"]
