@@ -134,6 +134,7 @@ def main() -> None:
     parser.add_argument("--crops", type=int, default=512)
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--beta1", type=float, default=0.5, help="Adam's beta1 (gantool train's default: 0.5)")
     parser.add_argument("--report-every", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -163,7 +164,7 @@ def main() -> None:
         )
     else:
         net = FullResolutionCorrection(mean_pixel)
-    optimizer = torch.optim.Adam(net.parameters(), lr=args.lr, betas=(0.5, 0.999))
+    optimizer = torch.optim.Adam(net.parameters(), lr=args.lr, betas=(args.beta1, 0.999))
     fill_mse = {}
     # Scored on the first 128 training crops (a forward over all of them takes a minute on 2 cores).
     scored = {"train": tuple(t[:128] for t in train), "held-out": val}
