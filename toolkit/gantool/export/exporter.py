@@ -46,7 +46,6 @@ from gantool.core.artifacts import (
     DEFAULT_EXPORT_FORMATS,
     EXPORT_FORMATS,
     KIND_CHECKPOINT,
-    KIND_SAFETENSORS,
     META_AOTI_DEVICE,
     META_EXPORT_ID,
     META_MODEL_CONFIG,
@@ -112,9 +111,9 @@ from gantool.runtime.weights import file_non_finite_weights, non_finite_weights
 from gantool.training.checkpoint import (
     generator_from_checkpoint,
     load_checkpoint,
+    load_weights_state,
     model_config_of,
     save_generator_weights,
-    state_from_generator_weights,
     weights_sha256,
 )
 
@@ -270,10 +269,7 @@ def export_generator(
     if aoti_device == "cuda" and not torch.cuda.is_available():
         raise InputError("cannot compile AOTInductor for cuda: torch finds no CUDA device")
     checkpoint_path = Path(checkpoint_path)
-    if model_kind(checkpoint_path) == KIND_SAFETENSORS and checkpoint_path.is_file():
-        state = state_from_generator_weights(checkpoint_path)  # exported weights: the generator alone
-    else:
-        state = load_checkpoint(checkpoint_path)
+    state = load_weights_state(checkpoint_path)  # a checkpoint, or exported weights (the generator alone)
     generator = generator_from_checkpoint(state)
     bad = non_finite_weights(state["generator"])
     if bad:

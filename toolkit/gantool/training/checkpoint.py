@@ -18,7 +18,7 @@ import safetensors.torch
 import torch
 
 from gantool import __version__
-from gantool.core.artifacts import META_MODEL_CONFIG, META_TRAIN_PHASE, META_TRAIN_STEP
+from gantool.core.artifacts import KIND_SAFETENSORS, META_MODEL_CONFIG, META_TRAIN_PHASE, META_TRAIN_STEP, model_kind
 from gantool.core.config import ModelConfig
 from gantool.core.errors import CheckpointError, first_line
 from gantool.core.fileio import atomic_save, atomic_write_bytes
@@ -189,10 +189,19 @@ def load_generator_weights(path: str | Path) -> tuple[CompletionNetwork, dict[st
     return generator.eval(), meta
 
 
+def load_weights_state(path: str | Path) -> dict[str, Any]:
+    """A checkpoint's state (:func:`load_checkpoint`), or for exported ``generator.safetensors``
+    the generator-only state of :func:`state_from_generator_weights`: what ``gantool export``
+    and ``--init-from`` read."""
+    path = Path(path)
+    if model_kind(path) == KIND_SAFETENSORS and path.is_file():
+        return state_from_generator_weights(path)
+    return load_checkpoint(path)
+
+
 def state_from_generator_weights(path: str | Path) -> dict[str, Any]:
     """A generator-only checkpoint state (no discriminator, optimizers or training config) from
-    :func:`save_generator_weights` output, so ``gantool export`` takes ``generator.safetensors``
-    as it takes a checkpoint; the step and phase come from its metadata."""
+    :func:`save_generator_weights` output; the step and phase come from its metadata."""
     generator, meta = load_generator_weights(path)
     try:
         step = int(meta.get(META_TRAIN_STEP) or 0)

@@ -21,7 +21,7 @@ from gantool.core.artifacts import ARTIFACT
 from gantool.core.config import ModelConfig, TrainConfig
 from gantool.core.constants import CHECKPOINTS_DIR, IMPORT_CHECKPOINT, LAST_CHECKPOINT
 from gantool.core.errors import CheckpointError, InputError, first_line
-from gantool.training.checkpoint import load_checkpoint, load_generator_weights
+from gantool.training.checkpoint import load_weights_state
 
 # TrainConfig fields that are the model's: taken from the init checkpoint unless chosen (then they must agree).
 ADOPTED_KEYS = ("size", "local_size", "width", "disc_width", "disc_fc", "fill", "hole_fill")
@@ -71,10 +71,7 @@ def init_file(path: str | Path) -> Path:
 def load_init(path: str | Path) -> InitWeights:
     """Read the weights ``--init-from`` names (one-line errors)."""
     file = init_file(path)
-    if file.suffix == ".safetensors":
-        generator, _ = load_generator_weights(file)
-        return InitWeights(file, generator.config, generator.state_dict(), None)
-    state = load_checkpoint(file)
+    state = load_weights_state(file)
     discriminator = state.get("discriminator")
     return InitWeights(file, ModelConfig.from_dict(state["model_config"]), state["generator"], discriminator)
 
