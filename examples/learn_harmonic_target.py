@@ -106,15 +106,20 @@ class FullResolutionCorrection(nn.Module):
         return image * (1.0 - mask) + (fill + self.body(x)) * mask
 
 
+def load_photos(folder: str) -> list[Image.Image]:
+    """The folder's photographs, decoded once."""
+    return [Image.open(p).convert("RGB") for p in find_images(folder)]
+
+
 def make_set(
-    folder: str | list[Image.Image], count: int, seed: int | np.random.Generator, masks: str = "box"
+    photos: list[Image.Image], count: int, seed: int | np.random.Generator, masks: str = "box"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``count`` 128 px crops (windows of 128-512 px), one 32-64 px hole each (``masks``: box,
     free or mixed, gantool's generators), and their harmonic fills."""
     rng = np.random.default_rng(seed)
-    photos = [Image.open(p).convert("RGB") for p in find_images(folder)] if isinstance(folder, str) else folder
     images, holes, targets = [], [], []
     for i in range(count):
+        # A set at least as large as the folder takes the photographs in turn; a batch, at random.
         photo = photos[i % len(photos)] if count >= len(photos) else photos[int(rng.integers(len(photos)))]
         crop = random_scaled_crop(photo, 128, (1.0, 4.0), rng)
         mask, _ = generate_mask(masks, rng, 128, 64)
@@ -152,8 +157,9 @@ def main() -> None:
 
     torch.manual_seed(args.seed)
     started = time.perf_counter()
-    train = make_set(args.data, args.crops, args.seed)
-    val = make_set(args.heldout, 64, args.seed + 1)
+    photos = load_photos(args.data)
+    train = make_set(photos, args.crops, args.seed)
+    val = make_set(load_photos(args.heldout), 64, args.seed + 1)
     print(f"sets: {args.crops} training crops, 64 held-out crops ({time.perf_counter() - started:.0f} s)")
     mean_pixel = tuple(float(v) for v in train[0].mean(dim=(0, 2, 3)))
     if args.network == "glcic":
@@ -192,7 +198,6 @@ def main() -> None:
 
     report(0)
     rng = np.random.default_rng(args.seed)
-    photos = [Image.open(p).convert("RGB") for p in find_images(args.data)] if args.fresh else []
     for step in range(1, args.steps + 1):
         if args.fresh:
             images, masks, targets = make_set(photos, 8, rng, args.masks)

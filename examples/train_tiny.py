@@ -24,23 +24,10 @@ from gantool.training.loop import train
 def main() -> None:
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("runs/tiny")
     cfg = TrainConfig(
-        data="synthetic",
-        out=str(out),
-        size=64,
-        local_size=32,
-        batch_size=8,
-        width=8,
-        disc_width=4,
-        disc_fc=32,
-        steps_g=60,
-        steps_d=20,
-        steps_joint=40,
-        lr=1e-3,
-        sample_every=40,
-        checkpoint_every=40,
-        log_every=10,
-        workers=0,
-    )
+        data="synthetic", out=str(out), size=64, local_size=32, batch_size=8,
+        width=8, disc_width=4, disc_fc=32, steps_g=60, steps_d=20, steps_joint=40,
+        lr=1e-3, sample_every=40, checkpoint_every=40, log_every=10, workers=0,
+    )  # fmt: skip
     result = train(cfg)
     records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     val = [r for r in records if "val_psnr" in r]
