@@ -337,6 +337,33 @@ def test_exported_safetensors_export_again_to_the_same_model(full_export, tmp_pa
     assert weights.read_bytes() == before and leftovers(weights.parent) == ["generator.safetensors"]
 
 
+def test_a_folder_exports_its_checkpoint_or_weights(full_export, tmp_path):
+    """A run folder stands for checkpoints/last.pt, an export folder for its generator.safetensors
+    (as --init-from resolves a folder); a folder with neither is one line naming what it looked
+    for. Before: 'unknown model type'."""
+    checkpoint, out, _ = full_export
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.pt").write_bytes(checkpoint.read_bytes())
+    result = invoke("export", run, "--onnx", "--no-verify")
+    assert result.exit_code == 0, result.output
+    assert f"Using {run / 'checkpoints' / 'last.pt'}" in result.output
+    assert read_model_metadata(run / "export" / "generator.onnx")["gantool.source"] == "last.pt"
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    (weights / "generator.safetensors").write_bytes((out / "generator.safetensors").read_bytes())
+    result = invoke("export", weights, "--onnx", "--no-verify", "-o", tmp_path / "again")
+    assert result.exit_code == 0, result.output
+    meta = read_model_metadata(tmp_path / "again" / "generator.onnx")
+    assert meta["gantool.source"] == "generator.safetensors"
+    assert meta["gantool.weights_sha256"] == read_model_metadata(out / "generator.onnx")["gantool.weights_sha256"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = invoke("export", empty, "-o", tmp_path / "none")
+    assert_one_line_error(result, "no checkpoint.pt, checkpoints/last.pt or generator.safetensors in this folder")
+    assert leftovers(tmp_path / "none") == [] and leftovers(empty) == []
+
+
 def test_safetensors_without_gantool_metadata_is_refused(tmp_path):
     import safetensors.torch
 

@@ -150,7 +150,9 @@ def export(
     """Export CHECKPOINT's generator (ONNX, torch.export, AOTInductor, TorchScript) and prove parity.
 
     CHECKPOINT defaults to the newest runs/*/checkpoints/last.pt; an exported
-    generator.safetensors (the shipped model's, say) exports too. The parity
+    generator.safetensors (the shipped model's, say) exports too, and a folder
+    stands for its checkpoint.pt (an import), checkpoints/last.pt (a run) or
+    generator.safetensors (an export), the first found. The parity
     sweep compares eager PyTorch with every format written over batch sizes,
     image sizes and mask kinds (fp32 within --atol; fp16, bf16 and int8 by
     PSNR); a failed check writes nothing and exits 1. The files go into the
@@ -162,10 +164,14 @@ def export(
     """
     from gantool.export.exporter import ParityError, export_generator, find_latest_checkpoint  # delayed: imports torch
     from gantool.export.parity import summary_lines
+    from gantool.training.checkpoint import weights_file
 
     if checkpoint is None:
         checkpoint = find_latest_checkpoint("runs")
         click.echo(f"Using the newest checkpoint: {checkpoint}")
+    elif checkpoint.is_dir():
+        checkpoint = weights_file(checkpoint, "export")
+        click.echo(f"Using {checkpoint}")
     wanted = (("onnx", want_onnx), ("torchscript", want_torchscript), ("pt2", want_pt2), ("aoti", want_aoti))
     chosen = [name for name, flag in wanted if flag]
     try:

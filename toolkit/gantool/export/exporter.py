@@ -114,6 +114,7 @@ from gantool.training.checkpoint import (
     load_weights_state,
     model_config_of,
     save_generator_weights,
+    weights_file,
     weights_sha256,
 )
 
@@ -243,6 +244,9 @@ def export_generator(
 ) -> ExportResult:
     """Export the generator of ``checkpoint_path`` and prove parity with eager PyTorch.
 
+    ``checkpoint_path`` is a checkpoint, exported ``generator.safetensors``, or a folder
+    holding one (a run, an import or an export: :data:`~gantool.training.checkpoint.WEIGHTS_IN_FOLDER`).
+
     ``cuda=None`` checks ONNX Runtime's CUDA provider too when a GPU is plausibly
     there; ``cases`` overrides the parity sweep (default :func:`default_cases`).
     ``int8`` also writes the int8 ONNX model, calibrated on ``calib`` (a folder)
@@ -269,6 +273,8 @@ def export_generator(
     if aoti_device == "cuda" and not torch.cuda.is_available():
         raise InputError("cannot compile AOTInductor for cuda: torch finds no CUDA device")
     checkpoint_path = Path(checkpoint_path)
+    if checkpoint_path.is_dir():  # a run, import or export folder: its weights file
+        checkpoint_path = weights_file(checkpoint_path, "export")
     state = load_weights_state(checkpoint_path)  # a checkpoint, or exported weights (the generator alone)
     generator = generator_from_checkpoint(state)
     bad = non_finite_weights(state["generator"])

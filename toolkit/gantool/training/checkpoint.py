@@ -18,9 +18,17 @@ import safetensors.torch
 import torch
 
 from gantool import __version__
-from gantool.core.artifacts import KIND_SAFETENSORS, META_MODEL_CONFIG, META_TRAIN_PHASE, META_TRAIN_STEP, model_kind
+from gantool.core.artifacts import (
+    ARTIFACT,
+    KIND_SAFETENSORS,
+    META_MODEL_CONFIG,
+    META_TRAIN_PHASE,
+    META_TRAIN_STEP,
+    model_kind,
+)
 from gantool.core.config import ModelConfig
-from gantool.core.errors import CheckpointError, first_line
+from gantool.core.constants import CHECKPOINTS_DIR, IMPORT_CHECKPOINT, LAST_CHECKPOINT
+from gantool.core.errors import CheckpointError, InputError, first_line
 from gantool.core.fileio import atomic_save, atomic_write_bytes
 from gantool.nn.networks import CompletionNetwork
 
@@ -187,6 +195,27 @@ def load_generator_weights(path: str | Path) -> tuple[CompletionNetwork, dict[st
     except RuntimeError as e:
         raise CheckpointError(f"{path}: weights do not match the model config ({first_line(e)})") from None
     return generator.eval(), meta
+
+
+# What a folder given as weights resolves to, first found: an import's checkpoint, a run's
+# newest checkpoint, an export's generator weights.
+WEIGHTS_IN_FOLDER = (IMPORT_CHECKPOINT, f"{CHECKPOINTS_DIR}/{LAST_CHECKPOINT}", ARTIFACT["safetensors"].filename)
+
+
+def weights_file(path: str | Path, label: str) -> Path:
+    """The file behind a weights argument (``gantool export``'s CHECKPOINT, ``--init-from``): a
+    file as given, or a folder's first of :data:`WEIGHTS_IN_FOLDER`. ``label`` names the argument
+    in the one-line errors."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        for name in WEIGHTS_IN_FOLDER:
+            if (path / name).is_file():
+                return path / name
+        *others, last = WEIGHTS_IN_FOLDER
+        raise InputError(f"{label} {path}: no {', '.join(others)} or {last} in this folder")
+    if not path.exists():
+        raise InputError(f"{label}: not found: {path}")
+    return path
 
 
 def load_weights_state(path: str | Path) -> dict[str, Any]:

@@ -17,11 +17,9 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from gantool.core.artifacts import ARTIFACT
 from gantool.core.config import ModelConfig, TrainConfig
-from gantool.core.constants import CHECKPOINTS_DIR, IMPORT_CHECKPOINT, LAST_CHECKPOINT
 from gantool.core.errors import CheckpointError, InputError, first_line
-from gantool.training.checkpoint import load_weights_state
+from gantool.training.checkpoint import load_weights_state, weights_file
 
 # TrainConfig fields that are the model's: taken from the init checkpoint unless chosen (then they must agree).
 ADOPTED_KEYS = ("size", "local_size", "width", "disc_width", "disc_fc", "fill", "hole_fill")
@@ -48,29 +46,9 @@ class InitWeights:
                 raise CheckpointError(f"--init-from {self.path}: its {name} does not fit ({first_line(e)})") from None
 
 
-def init_file(path: str | Path) -> Path:
-    """The file behind ``--init-from``: a file, or a folder's import checkpoint / newest run checkpoint."""
-    path = Path(path).expanduser()
-    if path.is_dir():
-        for candidate in (
-            path / IMPORT_CHECKPOINT,
-            path / CHECKPOINTS_DIR / LAST_CHECKPOINT,
-            path / ARTIFACT["safetensors"].filename,
-        ):
-            if candidate.is_file():
-                return candidate
-        raise InputError(
-            f"--init-from {path}: no {IMPORT_CHECKPOINT}, {CHECKPOINTS_DIR}/{LAST_CHECKPOINT} "
-            f"or {ARTIFACT['safetensors'].filename} in this folder"
-        )
-    if not path.exists():
-        raise InputError(f"--init-from: not found: {path}")
-    return path
-
-
 def load_init(path: str | Path) -> InitWeights:
     """Read the weights ``--init-from`` names (one-line errors)."""
-    file = init_file(path)
+    file = weights_file(path, "--init-from")
     state = load_weights_state(file)
     discriminator = state.get("discriminator")
     return InitWeights(file, ModelConfig.from_dict(state["model_config"]), state["generator"], discriminator)
