@@ -189,6 +189,19 @@ def test_info_shows_model_metadata(full_export):
     assert data["warnings"] == []
 
 
+def test_info_on_a_folder_shows_the_model_it_opens(full_export, tmp_path):
+    """A folder shows the file `--model FOLDER` opens (an export's ONNX model, a run's export);
+    one with no model is one line. Before: 'not a regular file'."""
+    _, out, _ = full_export
+    result = invoke("info", out)
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0] == f"{out}: --model {out} opens {out / 'generator.onnx'}"
+    assert "gantool.train_step: 42" in result.output
+    data = json.loads(invoke("info", out.parent, "--json").output)  # the run folder: its export/
+    assert data["folder"] == str(out.parent) and data["file"] == str(out / "generator.onnx")
+    assert_one_line_error(invoke("info", tmp_path), "no model in")
+
+
 def test_info_summarises_a_checkpoint(full_export):
     checkpoint, _, _ = full_export
     result = invoke("info", checkpoint)

@@ -53,11 +53,17 @@ def _warn_traces(file: Path, traces: list[str]) -> None:
 def info(file: Path, as_json: bool) -> None:
     """Show FILE's metadata (.onnx, .pt2, .aoti.pt2, .torchscript.pt, .safetensors) or a checkpoint's summary.
 
-    Warns when a model carries absolute paths or stack traces of the machine that
-    exported it (from any exporter; the JSON lists them under "warnings").
+    A folder (an export, a run, models/) shows the file that `gantool inpaint
+    --model FOLDER` runs. Warns when a model carries absolute paths or stack traces
+    of the machine that exported it (from any exporter; the JSON lists them under
+    "warnings").
     """
+    from gantool.core.artifacts import resolve_model
     from gantool.export.exporter import describe_file  # delayed: imports torch
 
+    folder = None
+    if file.is_dir():
+        folder, (file, _) = file, resolve_model(file)
     try:
         description = describe_file(file)
     except ModelError:
@@ -70,9 +76,13 @@ def info(file: Path, as_json: bool) -> None:
 
         with contextlib.suppress(GantoolError):  # a file no backend opens here: nothing to say
             description["auto"] = auto_choice(file)
+    if folder is not None:
+        description["folder"] = str(folder)
     if as_json:
         click.echo(json.dumps(description, indent=2, default=str))
         return
+    if folder is not None:
+        click.echo(f"{folder}: --model {folder} opens {file}")
     is_model = description["kind"] != "checkpoint"
     header = f"{description['file']}: {description['kind']}, {description['bytes']} bytes"
     click.echo(f"{header}, runs in {description['precision']}" if is_model else header)
