@@ -233,6 +233,29 @@ def test_cli_empty_folder_is_a_clear_error(tmp_path):
     assert_one_line_error(result, "no readable images")
 
 
+def test_resume_of_a_run_folder_continues_from_its_newest_checkpoint(tmp_path):
+    """--resume RUN takes RUN's last.pt, else its highest step_N.pt (last.pt deleted), and both
+    continue bitwise; a folder that is no run, or a run without checkpoints, is one line.
+    Before: click's "'RUN' is a directory"."""
+    cfg = tiny_train_config(steps_g=2, steps_d=2, steps_joint=4, checkpoint_every=2, sample_every=100)
+    straight = train(cfg.replace(out=str(tmp_path / "a")), progress=False)
+    run = train(cfg.replace(out=str(tmp_path / "b")), stop_after=4, progress=False).run_dir
+    result = run_cli("train", "--resume", str(run), "--steps-joint", "6", "--quiet")
+    assert result.exit_code == 0, result.output
+    (run / "checkpoints" / "last.pt").unlink()  # a deleted last.pt: step_10.pt is the newest
+    result = run_cli("train", "--resume", str(run), "--steps-joint", "8", "--quiet")
+    assert result.exit_code == 0, result.output
+    longer = train({"steps_joint": 8}, resume=straight.last_checkpoint, progress=False)
+    a, b = load_checkpoint(longer.last_checkpoint), load_checkpoint(run / "checkpoints" / "last.pt")
+    assert a["step"] == b["step"] == 12
+    for key, tensor in a["generator"].items():
+        assert torch.equal(tensor, b["generator"][key]), key
+    assert_one_line_error(run_cli("train", "--resume", str(tmp_path), "--quiet"), "not a gantool run")
+    for name in list((run / "checkpoints").iterdir()):
+        name.unlink()
+    assert_one_line_error(run_cli("train", "--resume", str(run), "--quiet"), "the run has no checkpoint")
+
+
 def test_cli_resume_rejects_files_that_are_not_checkpoints(tmp_path):
     text = tmp_path / "notes.pt"
     text.write_text("hello")

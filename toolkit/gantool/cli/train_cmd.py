@@ -126,8 +126,8 @@ class OneLineErrors(click.Command):
 )
 @click.option(
     "--resume",
-    type=click.Path(dir_okay=False),
-    help="Continue exactly from a checkpoint, in its own run (or in a new --out).",
+    type=click.Path(),
+    help="Continue exactly from a checkpoint (a run folder: its newest), in its own run (or in a new --out).",
 )
 @config_option(
     "init_from",

@@ -74,6 +74,7 @@ from gantool.training.runfolder import (
     lock_run_folder,
     plan_run_folder,
     remove_untrained_run,
+    resume_checkpoint,
     trim_metrics,
 )
 from gantool.training.signals import AbortNow, StopFlag
@@ -155,6 +156,7 @@ def prepare_run(
     resume from another folder trains on the same images.
     """
     chosen = check_options(dict(options)) if not isinstance(options, TrainConfig) else None
+    resume = resume_checkpoint(resume) if resume is not None else None  # a run folder: its newest checkpoint
     state = load_checkpoint(resume) if resume is not None else None
     if state is not None:
         check_training_state(state, resume)  # type: ignore[arg-type]

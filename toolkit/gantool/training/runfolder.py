@@ -77,6 +77,25 @@ def run_of_checkpoint(checkpoint: str | Path) -> Path | None:
     return path.parent.parent
 
 
+def resume_checkpoint(path: str | Path) -> Path:
+    """The checkpoint ``--resume PATH`` continues from: PATH itself, or for a run folder its
+    newest checkpoint (``last.pt``, else the highest ``step_N.pt``)."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    if not is_run_folder(path):
+        raise InputError(f"--resume {path}: a folder that is not a gantool run; pass a checkpoint file")
+    folder = path / CHECKPOINTS_DIR
+    if (folder / LAST_CHECKPOINT).is_file():
+        return folder / LAST_CHECKPOINT
+    steps: dict[int, Path] = {}
+    with contextlib.suppress(OSError):
+        steps = {int(m.group(1)): p for p in folder.iterdir() if (m := STEP_CHECKPOINT.fullmatch(p.name))}
+    if not steps:
+        raise InputError(f"--resume {path}: the run has no checkpoint in {folder}")
+    return steps[max(steps)]
+
+
 @dataclass
 class RunPlan:
     """Where a run writes: ``folder`` (None: a new ``runs/<timestamp>``), whether the
