@@ -500,5 +500,6 @@ def test_a_run_whose_export_is_older_than_its_last_checkpoint_warns_once(
     with caplog.at_level("WARNING", logger="gantool.core.artifacts"):
         Inpainter(run, provider="cpu")
         Inpainter(run, provider="cpu")
+        Inpainter(run, provider="cpu", backend="eager")  # the export's safetensors: the same folder, no new line
     warnings = [r.getMessage() for r in caplog.records if "is from training step" in r.getMessage()]
     assert len(warnings) == 1 and "step 8" in warnings[0] and "at step 11" in warnings[0], caplog.text

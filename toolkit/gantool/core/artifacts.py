@@ -335,8 +335,9 @@ _warned_older: set[tuple[str, str]] = set()
 
 
 def warn_if_older_than_checkpoint(model: Path, checkpoint: Path) -> None:
-    """Warn (once per pair) when a run's export comes from an earlier step than its newest checkpoint."""
-    key = (str(model.resolve()), str(checkpoint.resolve()))
+    """Warn (once per export folder and checkpoint, whichever of its files is opened) when a run's
+    export comes from an earlier step than its newest checkpoint."""
+    key = (str(model.parent.resolve()), str(checkpoint.resolve()))
     if key in _warned_older or not checkpoint.is_file():
         return
     try:
