@@ -134,7 +134,13 @@ def test_openvino_is_reported_with_a_probe_run():
     assert info["installed"] and info["ran"] is True and info["capabilities"] == cpu_capabilities()
     lines = doctor.report_lines(report)
     assert any(line.startswith(f"openvino {info['version']}: CPU plugin capabilities") for line in lines)
-    assert any("runs ONNX models on the CPU" in f.message for f in report.findings)
+    (line,) = [f.message for f in report.findings if "runs ONNX models on the CPU" in f.message]
+    # What it says of --backend auto is what auto does (it said "auto runs it" while auto kept ONNX Runtime).
+    from gantool.runtime.choice import auto_openvino
+
+    if not cuda_device_visible():
+        assert ("--backend auto runs it" in line) == auto_openvino("cpu", "fp32"), line
+        assert ("--backend auto keeps ONNX Runtime" in line) == (not auto_openvino("cpu", "fp32")), line
     assert report.to_dict()["openvino"]["ran"] is True
     untested = doctor.diagnose(test_providers=False).openvino
     assert "ran" not in untested and untested["installed"]

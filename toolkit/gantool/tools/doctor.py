@@ -187,7 +187,7 @@ def _openvino_findings(info: dict[str, Any], gpu: bool) -> list[Finding]:
         return [
             Finding(
                 "info",
-                "openvino is not installed: the CPU runs ONNX Runtime (OpenVINO runs the same files faster)",
+                "openvino is not installed: the CPU runs ONNX Runtime (--backend openvino needs it)",
                 "pip install openvino",
             )
         ]
@@ -195,7 +195,14 @@ def _openvino_findings(info: dict[str, Any], gpu: bool) -> list[Finding]:
         why = info.get("error", "the probe model gave a wrong result")
         return [Finding("problem", f"openvino {info.get('version', '')} does not run here ({why}); "
                         "--backend auto falls back to ONNX Runtime", "pip install --force-reinstall openvino")]  # fmt: skip
-    where = "ONNX Runtime runs the GPU; OpenVINO the CPU with --provider cpu" if gpu else "--backend auto runs it"
+    from gantool.runtime.choice import auto_openvino  # delayed: the runtimes' probes
+
+    if gpu:
+        where = "ONNX Runtime runs the GPU; OpenVINO the CPU with --provider cpu"
+    elif auto_openvino("cpu", "fp32"):
+        where = "--backend auto runs it"
+    else:
+        where = "--backend openvino runs it; --backend auto keeps ONNX Runtime, which OpenVINO was not measured to beat"
     bf16 = "native bf16" if "BF16" in info.get("capabilities", []) else "no native bf16 (--precision bf16 refused)"
     return [Finding("info", f"openvino {info['version']} runs ONNX models on the CPU ({where}; {bf16})")]
 
