@@ -952,6 +952,14 @@ MUTANTS: list[Mutant] = [
         ("test_openvino.py::test_precisions_it_cannot_run_are_one_line_refusals",),
     ),
     Mutant(
+        "auto_keeps_int8_on_onnx_runtime",
+        "runtime/choice.py",
+        "    return precision in AUTO_OPENVINO_PRECISIONS and openvino_can_run(provider, precision)",
+        "    return False",
+        ("test_openvino.py::test_int8_file_runs_within_its_gate_and_known_pixels_stay_exact",),
+        why="--precision int8 ran on ONNX Runtime, 2-2.6x slower than OpenVINO on both development CPUs",
+    ),
+    Mutant(
         "openvino_reads_padded_pools_as_written",
         "runtime/openvino.py",
         "    if not pools_as_convolutions(model):\n",

@@ -139,8 +139,10 @@ def test_openvino_is_reported_with_a_probe_run():
     from gantool.runtime.choice import auto_openvino
 
     if not cuda_device_visible():
-        assert ("--backend auto runs it" in line) == auto_openvino("cpu", "fp32"), line
-        assert ("--backend auto keeps ONNX Runtime" in line) == (not auto_openvino("cpu", "fp32")), line
+        on_it = line.split(" on it")[0] if " on it" in line else ""
+        for precision in ("fp32", "bf16", "int8"):
+            assert (precision in on_it) == auto_openvino("cpu", precision), line
+        assert ("fp32 on ONNX Runtime" in line) == (not auto_openvino("cpu", "fp32")), line
     assert report.to_dict()["openvino"]["ran"] is True
     untested = doctor.diagnose(test_providers=False).openvino
     assert "ran" not in untested and untested["installed"]

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from gantool.cli import cli
 from gantool.core.artifacts import META_PREFER, read_model_metadata
-from gantool.core.constants import AUTO_PICKS_OPENVINO
+from gantool.core.constants import AUTO_OPENVINO_PRECISIONS
 from gantool.core.errors import InputError, ModelError, ProviderError
 from gantool.export.parity import case_inputs, compare, default_cases, openvino_backend, torch_backend
 from gantool.runtime.backends import OpenVinoBackend, load_backend
@@ -30,8 +30,12 @@ pytestmark = pytest.mark.skipif(not openvino_available(), reason="openvino is no
 ATOL = 1e-4  # gantool export's default --atol: the fp32 gate
 CASES = default_cases(TINY_CONFIG)
 
-# What --backend auto runs an ONNX export on, on the CPU (gantool.core.constants.AUTO_PICKS_OPENVINO).
-AUTO_CPU_RUNTIME = "openvino" if AUTO_PICKS_OPENVINO else "onnx"
+
+
+def auto_cpu_runtime(precision: str) -> str:
+    """What --backend auto runs an ONNX export on, on the CPU, at ``precision``
+    (gantool.core.constants.AUTO_OPENVINO_PRECISIONS: int8 and bf16 on OpenVINO, fp32 on ONNX Runtime)."""
+    return "openvino" if precision in AUTO_OPENVINO_PRECISIONS else "onnx"
 
 
 def _with_prefer(files: list[Path], folder: Path, prefer: str) -> Path:
@@ -62,10 +66,10 @@ def test_fp32_matches_eager_on_every_case_with_one_compile(exported_model):
 
 
 def test_auto_follows_the_openvino_switch_and_openvino_matches_onnx_runtime(exported_model):
-    # --backend auto runs OpenVINO on the CPU only while AUTO_PICKS_OPENVINO is on (off for now:
-    # not yet measured faster on a quiet machine); --backend openvino always runs it.
+    # --backend auto runs fp32 on ONNX Runtime (OpenVINO was not measured faster there);
+    # --backend openvino always runs it.
     auto = load_backend(exported_model.folder, "cpu")
-    assert auto.name == AUTO_CPU_RUNTIME and auto.path.name == "generator.onnx"
+    assert auto.name == auto_cpu_runtime("fp32") == "onnx" and auto.path.name == "generator.onnx"
     assert auto.precision_note == "the model's default"
     explicit = load_backend(exported_model.folder, "cpu", "openvino")
     assert isinstance(explicit, OpenVinoBackend)
@@ -73,7 +77,7 @@ def test_auto_follows_the_openvino_switch_and_openvino_matches_onnx_runtime(expo
     assert ort.name == "onnx" and ort.provider == "CPUExecutionProvider"
     image, mask = case_inputs(CASES[1], TINY_CONFIG.local_size)
     np.testing.assert_allclose(explicit.run(image, mask), ort.run(image, mask), rtol=0, atol=ATOL)
-    assert auto_choice(exported_model.onnx, "cpu") == {"backend": AUTO_CPU_RUNTIME, "precision": "fp32",
+    assert auto_choice(exported_model.onnx, "cpu") == {"backend": auto_cpu_runtime("fp32"), "precision": "fp32",
                                                        "why": "the model's default"}  # fmt: skip
 
 
@@ -113,6 +117,8 @@ def test_precisions_it_cannot_run_are_one_line_refusals(exported_model):
 @pytest.mark.skipif(not openvino_available() or not bf16_native(), reason="this CPU has no native bf16")
 def test_bf16_keeps_known_pixels_exact_and_passes_its_gate(exported_model):
     backend = load_backend(exported_model.folder, "cpu", "openvino", "bf16")
+    auto = load_backend(exported_model.folder, "cpu", "auto", "bf16")  # --precision bf16, --backend auto
+    assert auto.name == auto_cpu_runtime("bf16") == "openvino" and auto.path.name == "generator.onnx"
     reference = torch_backend(generator_from_checkpoint(load_checkpoint(exported_model.checkpoint)))
     for case in CASES:
         image, mask = case_inputs(case, TINY_CONFIG.local_size)
@@ -124,7 +130,7 @@ def test_int8_file_runs_within_its_gate_and_known_pixels_stay_exact(modern_expor
     backend = load_backend(modern_export.out_dir, "cpu", "openvino", "int8")
     assert backend.path.name == "generator_int8.onnx" and backend.precision == "int8"
     auto_int8 = load_backend(modern_export.out_dir, "cpu", "auto", "int8")
-    assert auto_int8.name == AUTO_CPU_RUNTIME  # --precision int8 with --backend auto
+    assert auto_int8.name == auto_cpu_runtime("int8") == "openvino"  # --precision int8 with --backend auto
     reference = torch_backend(generator_from_checkpoint(load_checkpoint(modern_export.checkpoint)))
     ort_fp32 = openvino_backend(modern_export.paths["onnx"], "fp32")
     for case in CASES:
@@ -247,7 +253,7 @@ def test_auto_precision_runs_the_preferred_int8_and_explicit_precision_wins(mode
     paths = modern_export.paths
     folder = _with_prefer([paths["onnx"], paths["onnx_int8"]], tmp_path / "int8", "int8")
     auto = load_backend(folder, "cpu")
-    assert auto.name == AUTO_CPU_RUNTIME and auto.precision == "int8" and auto.path.name == "generator_int8.onnx"
+    assert auto.name == auto_cpu_runtime("int8") and auto.precision == "int8" and auto.path.name == "generator_int8.onnx"
     assert auto.precision_note.startswith("the model prefers int8")
     assert load_backend(folder, "cpu", precision="fp32").precision == "fp32"  # explicit --precision wins
     ort = load_backend(folder, "cpu", "onnx")
@@ -275,9 +281,9 @@ def test_inpaint_startup_line_says_which_precision_runs_and_why(modern_export, t
     result = CliRunner().invoke(cli, ["inpaint", str(tmp_path / "a.png"), "--box", "4,4,8,8", "--model", str(folder),
                                       "--provider", "cpu"])  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert f"backend: {AUTO_CPU_RUNTIME}; precision: int8 (the model prefers int8 (gantool export --prefer int8" in result.output
+    assert f"backend: {auto_cpu_runtime('int8')}; precision: int8 (the model prefers int8 (gantool export --prefer int8" in result.output
     info = CliRunner().invoke(cli, ["info", str(folder / "generator.onnx")])
-    assert f"default options run it here: {AUTO_CPU_RUNTIME}, int8 (the model prefers int8" in info.output, info.output
+    assert f"default options run it here: {auto_cpu_runtime('int8')}, int8 (the model prefers int8" in info.output, info.output
 
 
 def test_export_refuses_a_preference_whose_gate_cannot_run(exported_model, tmp_path):

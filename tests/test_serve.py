@@ -560,11 +560,13 @@ def test_serve_without_the_extra_says_how_to_install(monkeypatch):
 
 
 def auto_cpu_runtime() -> tuple[str, str]:
-    """What --backend auto runs an ONNX export on, on the CPU: OpenVINO where AUTO_PICKS_OPENVINO and installed."""
-    from gantool.core.constants import AUTO_PICKS_OPENVINO
+    """What --backend auto runs an fp32 ONNX export on, on the CPU: OpenVINO where AUTO_OPENVINO_PRECISIONS
+    has fp32 and it is installed (it has not: ONNX Runtime)."""
+    from gantool.core.constants import AUTO_OPENVINO_PRECISIONS
     from gantool.runtime.openvino import openvino_available
 
-    return ("openvino", "CPU") if AUTO_PICKS_OPENVINO and openvino_available() else ("onnx", "CPUExecutionProvider")
+    on_openvino = "fp32" in AUTO_OPENVINO_PRECISIONS and openvino_available()
+    return ("openvino", "CPU") if on_openvino else ("onnx", "CPUExecutionProvider")
 
 
 def test_loopback_detection():

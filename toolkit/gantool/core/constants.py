@@ -29,11 +29,12 @@ PRECISION_BACKENDS = {"fp16": ("onnx",), "int8": ("openvino", "onnx"), "bf16": (
 # What `gantool export --prefer` may record for `--precision auto` (gantool.core.artifacts.META_PREFER).
 PREFER_CHOICES = ("fp32", "bf16", "int8")
 DEFAULT_PREFER = "fp32"
-# Whether `--backend auto` runs ONNX files on OpenVINO on the CPU (see gantool.runtime.choice.auto_openvino).
-# Off because it was not faster where measured: OpenVINO fp32 ran at 1.00x ONNX Runtime fp32 (512 px, paired
-# rounds 0.77-1.18) on the 2-core AVX2-only development machine, under load (docs/benchmarks.md, 2026-12-01).
-# Turn it on only when a quiet machine shows a gain; `--backend openvino` runs it meanwhile.
-AUTO_PICKS_OPENVINO = False
+# The precisions at which `--backend auto` runs ONNX files on OpenVINO on the CPU (gantool.runtime.choice.
+# auto_openvino); at the others, ONNX Runtime. int8 and bf16: OpenVINO was the faster runtime on both development
+# CPUs (int8: 1.9x ONNX Runtime int8 on the AVX2-only AMD EPYC, 128 px, under load, 2026-12-01; 2.4-2.6x on the
+# Intel Xeon with AMX at 256 and 512 px; bf16: 1.26-1.50x torch bf16 autocast there, 2026-12-04; docs/benchmarks.md).
+# Not fp32: 1.00-1.04x ONNX Runtime on the EPYC, 0.96x (256 px) to 1.25x (512 px) on the Xeon.
+AUTO_OPENVINO_PRECISIONS = ("int8", "bf16")
 # `gantool bench inpaint`'s default paths: a backend, or backend:precision (see gantool.tools.bench_inpaint).
 BENCH_INPAINT_PATHS = (
     "eager",

@@ -60,7 +60,7 @@ from gantool.core.config import ModelConfig
 from gantool.core.constants import BACKEND_CHOICES, PRECISION_BACKENDS, PRECISIONS, PROVIDERS
 from gantool.core.errors import InputError, ModelError, NonFiniteError, ProviderError, check_choice, first_line
 from gantool.runtime import openvino
-from gantool.runtime.choice import auto_openvino, preferred_precision
+from gantool.runtime.choice import auto_openvino, auto_runtime, preferred_precision
 from gantool.runtime.memory import trim_heap
 from gantool.runtime.providers import (
     OpenedSession,
@@ -540,8 +540,8 @@ def load_backend(
 ) -> Backend:
     """Open ``model`` (file, export or run folder, or None for the shipped one) with ``backend`` on ``provider``.
 
-    ``backend="auto"`` runs ONNX files on OpenVINO on the CPU (:func:`auto_openvino`), falling back
-    to ONNX Runtime if OpenVINO cannot open it; ``precision="auto"`` follows the model's preference
+    ``backend="auto"`` runs ONNX files on OpenVINO on the CPU at int8 and bf16 (:func:`auto_openvino`),
+    falling back to ONNX Runtime if OpenVINO cannot open it, and on ONNX Runtime at fp32; ``precision="auto"`` follows the model's preference
     (:func:`preferred_precision`). The returned backend's ``precision_note`` says why it runs what it runs.
     """
     check_choice("provider", provider, PROVIDERS)
@@ -565,8 +565,7 @@ def load_backend(
         path, name = resolve_model(model, backend)
     picked = backend == "auto" and name in ("onnx", "openvino")  # auto chooses the runtime of an ONNX file
     if precision == "auto":
-        on_cpu_ov = picked and auto_openvino(provider, "auto")
-        runs_on = "openvino" if on_cpu_ov else ("onnx" if picked else name)
+        runs_on = auto_runtime(path, provider) if picked else name
         precision, precision_note = preferred_precision(path, runs_on, provider)
     else:
         precision_note = "as requested"

@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 
 from gantool.core.artifacts import ARTIFACT, META_PRECISION, META_PREFER, read_model_metadata, resolve_model
-from gantool.core.constants import AUTO_PICKS_OPENVINO, DEFAULT_PREFER, PRECISION_BACKENDS, PREFER_CHOICES
+from gantool.core.constants import AUTO_OPENVINO_PRECISIONS, DEFAULT_PREFER, PRECISION_BACKENDS, PREFER_CHOICES
 from gantool.core.errors import ModelError
 from gantool.runtime import openvino
 from gantool.runtime.providers import cuda_device_visible, torch_device
@@ -24,14 +24,21 @@ def _gpu_likely(provider: str) -> bool:
 
 
 def auto_openvino(provider: str, precision: str) -> bool:
-    """Whether ``--backend auto`` runs an ONNX file on OpenVINO rather than ONNX Runtime.
+    """Whether ``--backend auto`` runs an ONNX file at ``precision`` on OpenVINO rather than ONNX Runtime.
 
-    Not yet: ``auto`` keeps ONNX Runtime until OpenVINO is measured faster on a quiet machine
-    (on the loaded 2-core AVX2 machine it was 1.00x ONNX Runtime fp32 at 512 px); its backend
-    already refuses non-finite weights and outputs as ONNX Runtime's does. ``--backend openvino``
-    runs it. :func:`openvino_can_run` says where it could be picked.
+    At :data:`~gantool.core.constants.AUTO_OPENVINO_PRECISIONS` (int8, bf16: measured faster there)
+    where :func:`openvino_can_run`; fp32 stays on ONNX Runtime, which OpenVINO was not measured to
+    beat. ``precision="auto"``: the caller resolves it first (:func:`auto_runtime`). Its backend
+    refuses non-finite weights and outputs as ONNX Runtime's does; ``--backend openvino`` runs it always.
     """
-    return AUTO_PICKS_OPENVINO and openvino_can_run(provider, precision)
+    return precision in AUTO_OPENVINO_PRECISIONS and openvino_can_run(provider, precision)
+
+
+def auto_runtime(path: Path, provider: str) -> str:
+    """The runtime ``--backend auto --precision auto`` tries for the ONNX file ``path``: OpenVINO
+    where it would run the model's preferred precision (:func:`auto_openvino`), else ONNX Runtime."""
+    prefer = _file_metadata(path).get(META_PREFER, DEFAULT_PREFER)
+    return "openvino" if auto_openvino(provider, prefer) else "onnx"
 
 
 def openvino_can_run(provider: str, precision: str) -> bool:
@@ -85,7 +92,7 @@ def auto_choice(model: str | Path, provider: str = "auto") -> dict[str, str]:
     """What default options (backend and precision ``auto``) would run for ``model`` here, and why,
     without opening it (for ``gantool info``)."""
     path, name = resolve_model(model, "auto")
-    runs_on = ("openvino" if auto_openvino(provider, "auto") else "onnx") if name == "onnx" else name
+    runs_on = auto_runtime(path, provider) if name == "onnx" else name
     precision, why = preferred_precision(path, runs_on, provider)
     if precision == "auto":
         fp16 = path.with_name(ARTIFACT["onnx_fp16"].filename)

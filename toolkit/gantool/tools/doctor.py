@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from gantool.core.artifacts import default_model_dir
+from gantool.core.constants import PRECISIONS
 from gantool.core.errors import first_line
 from gantool.runtime.providers import cuda_device_visible, try_provider
 
@@ -199,10 +200,11 @@ def _openvino_findings(info: dict[str, Any], gpu: bool) -> list[Finding]:
 
     if gpu:
         where = "ONNX Runtime runs the GPU; OpenVINO the CPU with --provider cpu"
-    elif auto_openvino("cpu", "fp32"):
-        where = "--backend auto runs it"
     else:
-        where = "--backend openvino runs it; --backend auto keeps ONNX Runtime, which OpenVINO was not measured to beat"
+        picked = [p for p in PRECISIONS if p != "auto" and auto_openvino("cpu", p)]
+        where = (f"--backend auto runs {' and '.join(picked)} on it, " if picked else "") + (
+            "fp32 on ONNX Runtime, which OpenVINO was not measured to beat" if "fp32" not in picked else "fp32 too"
+        )
     bf16 = "native bf16" if "BF16" in info.get("capabilities", []) else "no native bf16 (--precision bf16 refused)"
     return [Finding("info", f"openvino {info['version']} runs ONNX models on the CPU ({where}; {bf16})")]
 
