@@ -25,6 +25,8 @@ from gantool.core.artifacts import default_model_dir, read_model_metadata, resol
 from gantool.export.provenance import find_machine_traces
 from gantool.inference.inpainter import Inpainter
 from gantool.runtime.backends import OnnxBackend
+from gantool.runtime.choice import auto_choice
+from gantool.runtime.openvino import openvino_available
 from gantool.training.checkpoint import load_generator_weights, weights_sha256
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,7 +143,13 @@ def test_example_image_and_mask_run_through_gantool_inpaint(tmp_path: Path):
 
 def test_python_api_uses_the_shipped_model():
     inpainter = Inpainter()  # no model: the shipped one
-    assert inpainter.provider == "CPUExecutionProvider" or "CUDA" in inpainter.provider
+    # It prefers int8 (its gate: 73.7 dB): on the CPU OpenVINO runs generator_int8.onnx (ONNX Runtime
+    # without OpenVINO); on a GPU, fp32 on CUDA.
+    expected = auto_choice(MODELS)
+    assert (inpainter.backend.name, inpainter.backend.precision) == (expected["backend"], expected["precision"])
+    if "CUDA" not in inpainter.provider:
+        assert inpainter.backend.precision == "int8" and inpainter.backend.path.name == "generator_int8.onnx"
+        assert inpainter.provider == ("CPU" if openvino_available() else "CPUExecutionProvider")
     assert Path(inpainter.backend.path).parent == MODELS
     result = inpainter.inpaint(EXAMPLE_IMAGE, EXAMPLE_MASK)
     assert result.size == Image.open(EXAMPLE_IMAGE).size

@@ -272,6 +272,23 @@ def test_auto_precision_falls_back_to_fp32_with_one_line(exported_model, tmp_pat
     assert eager.precision == "fp32"  # an fp32-only export under ONNX Runtime: the same fallback
 
 
+def test_an_int8_preference_on_a_gpu_is_an_info_line_not_a_warning(modern_export, tmp_path, caplog):
+    """On a GPU fp32 is the fast path, not a fallback (the shipped model prefers int8): the reason is
+    kept for the startup line, logged at info level. A CPU-side fallback stays a warning."""
+    from gantool.runtime.choice import preferred_precision
+
+    paths = modern_export.paths
+    folder = _with_prefer([paths["onnx"], paths["onnx_int8"]], tmp_path / "int8", "int8")
+    with caplog.at_level(logging.INFO, logger="gantool.runtime.backends"):
+        precision, why = preferred_precision(folder / "generator.onnx", "onnx", "cuda")
+    assert (precision, why) == ("auto", "the model prefers int8, but int8 runs on the CPU only")
+    assert [r.levelno for r in caplog.records if "prefers int8" in r.getMessage()] == [logging.INFO]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="gantool.runtime.backends"):
+        preferred_precision(folder / "generator.onnx", "pt2", "cpu")  # a backend that cannot run int8
+    assert [r.levelno for r in caplog.records if "prefers int8" in r.getMessage()] == [logging.WARNING]
+
+
 def test_inpaint_startup_line_says_which_precision_runs_and_why(modern_export, tmp_path):
     from PIL import Image
 

@@ -60,7 +60,7 @@ def preferred_precision(path: Path, name: str, provider: str) -> tuple[str, str]
 
     The model's ``gantool.prefer`` (written by ``gantool export --prefer`` only when that
     precision's gate passed) where this backend and machine run it; else "auto" (fp32, or
-    fp16 ONNX on a GPU), with a warning line naming the reason.
+    fp16 ONNX on a GPU), with a warning line naming the reason (an info line for int8 on a GPU).
     """
     prefer = _file_metadata(path).get(META_PREFER, DEFAULT_PREFER)
     if prefer not in PREFER_CHOICES or prefer == "fp32":
@@ -83,7 +83,11 @@ def preferred_precision(path: Path, name: str, provider: str) -> tuple[str, str]
         device, _ = torch_device(provider)
         why_not = "" if amp_supported(device) else f"bf16 is not native on {device}"
     if why_not:
-        log.warning("the model prefers %s, but %s: running fp32", prefer, why_not)
+        # On a GPU, fp32 (or fp16) is the fast path, not a fallback: said at info level, not as a warning.
+        on_gpu = prefer == "int8" and _gpu_likely(provider)
+        log.log(
+            logging.INFO if on_gpu else logging.WARNING, "the model prefers %s, but %s: running fp32", prefer, why_not
+        )
         return "auto", f"the model prefers {prefer}, but {why_not}"
     return prefer, f"the model prefers {prefer} (gantool export --prefer {prefer}; its gate passed at export)"
 
