@@ -541,8 +541,9 @@ def load_backend(
     """Open ``model`` (file, export or run folder, or None for the shipped one) with ``backend`` on ``provider``.
 
     ``backend="auto"`` runs ONNX files on OpenVINO on the CPU at int8 and bf16 (:func:`auto_openvino`),
-    falling back to ONNX Runtime if OpenVINO cannot open it, and on ONNX Runtime at fp32; ``precision="auto"`` follows the model's preference
-    (:func:`preferred_precision`). The returned backend's ``precision_note`` says why it runs what it runs.
+    falling back to ONNX Runtime if OpenVINO cannot open it, and on ONNX Runtime at fp32;
+    ``precision="auto"`` follows the model's preference (:func:`preferred_precision`). The returned
+    backend's ``precision_note`` says why it runs what it runs.
     """
     check_choice("provider", provider, PROVIDERS)
     check_choice("backend", backend, BACKEND_CHOICES)
