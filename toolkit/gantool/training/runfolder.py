@@ -26,11 +26,9 @@ is taken over.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import re
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,13 +50,13 @@ from gantool.core.constants import (
 from gantool.core.errors import GantoolError, InputError, first_line
 from gantool.core.fileio import TMP_PREFIX, atomic_write_text, ensure_writable_dir, pid_alive
 from gantool.training.checkpoint import load_checkpoint
+from gantool.training.runs import newest_checkpoint, step_checkpoints
 
 log = logging.getLogger(__name__)
 
 RUN_FORMAT = "gantool-run"
 RUNS_ROOT = Path("runs")
 LOCK_FILE = ".gantool-lock"
-STEP_CHECKPOINT = re.compile(r"step_(\d+)\.pt")
 # Runs made before the run file existed: these three together mark one.
 _LEGACY_MARKS = (CHECKPOINTS_DIR, RUN_CONFIG_FILE, METRICS_FILE)
 
@@ -85,15 +83,10 @@ def resume_checkpoint(path: str | Path) -> Path:
         return path
     if not is_run_folder(path):
         raise InputError(f"--resume {path}: a folder that is not a gantool run; pass a checkpoint file")
-    folder = path / CHECKPOINTS_DIR
-    if (folder / LAST_CHECKPOINT).is_file():
-        return folder / LAST_CHECKPOINT
-    steps: dict[int, Path] = {}
-    with contextlib.suppress(OSError):
-        steps = {int(m.group(1)): p for p in folder.iterdir() if (m := STEP_CHECKPOINT.fullmatch(p.name))}
-    if not steps:
-        raise InputError(f"--resume {path}: the run has no checkpoint in {folder}")
-    return steps[max(steps)]
+    newest, _ = newest_checkpoint(path / CHECKPOINTS_DIR)
+    if newest is None:
+        raise InputError(f"--resume {path}: the run has no checkpoint in {path / CHECKPOINTS_DIR}")
+    return newest
 
 
 @dataclass
@@ -167,8 +160,7 @@ def newest_run_step(run: Path, resume: Path, step: int) -> int | None:
                 log.warning("cannot read %s (%s); continuing from %s", last, first_line(e), resume)
     if last_step is not None:
         steps.append(last_step)
-    with contextlib.suppress(OSError):
-        steps += [int(m.group(1)) for p in folder.iterdir() if (m := STEP_CHECKPOINT.fullmatch(p.name))]
+    steps += list(step_checkpoints(folder))
     logged = last_logged_step(run / METRICS_FILE)
     if logged is not None and last_step != step:
         steps.append(logged)

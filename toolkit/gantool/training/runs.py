@@ -47,7 +47,7 @@ LOSS_KEYS = ("loss_rec", "loss_d", "loss_adv")
 D_KEYS = ("d_real", "d_fake")
 VAL_KEYS = ("val_psnr", "val_psnr_hole")
 PLOT_GROUPS = ("losses", "D outputs", "validation PSNR")  # one axis each
-_STEP_CHECKPOINT = re.compile(r"step_(\d+)\.pt")
+STEP_CHECKPOINT = re.compile(r"step_(\d+)\.pt")
 
 
 @dataclass
@@ -212,6 +212,14 @@ def read_status(path: Path) -> dict[str, Any] | None:
     return status
 
 
+def step_checkpoints(folder: Path) -> dict[int, Path]:
+    """A checkpoints folder's ``step_N.pt`` files by step (none when it cannot be read)."""
+    try:
+        return {int(m.group(1)): p for p in folder.iterdir() if (m := STEP_CHECKPOINT.fullmatch(p.name))}
+    except OSError:
+        return {}
+
+
 def newest_checkpoint(folder: Path) -> tuple[Path | None, int | None]:
     """checkpoints/last.pt (else the highest step_N.pt) and its step when the names tell it.
 
@@ -220,9 +228,7 @@ def newest_checkpoint(folder: Path) -> tuple[Path | None, int | None]:
     """
     if not folder.is_dir():
         return None, None
-    steps = sorted(
-        ((int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP_CHECKPOINT.fullmatch(p.name))), reverse=True
-    )
+    steps = sorted(step_checkpoints(folder).items(), reverse=True)
     last = folder / LAST_CHECKPOINT
     if not last.is_file():
         return (steps[0][1], steps[0][0]) if steps else (None, None)
