@@ -60,7 +60,7 @@ from gantool.core.config import ModelConfig
 from gantool.core.constants import BACKEND_CHOICES, PRECISION_BACKENDS, PRECISIONS, PROVIDERS
 from gantool.core.errors import InputError, ModelError, NonFiniteError, ProviderError, check_choice, first_line
 from gantool.runtime import openvino
-from gantool.runtime.choice import auto_openvino, auto_runtime, preferred_precision
+from gantool.runtime.choice import auto_openvino, auto_runtime, model_prefer, preferred_precision
 from gantool.runtime.memory import trim_heap
 from gantool.runtime.providers import (
     OpenedSession,
@@ -566,8 +566,9 @@ def load_backend(
         path, name = resolve_model(model, backend)
     picked = backend == "auto" and name in ("onnx", "openvino")  # auto chooses the runtime of an ONNX file
     if precision == "auto":
-        runs_on = auto_runtime(path, provider) if picked else name
-        precision, precision_note = preferred_precision(path, runs_on, provider)
+        prefer = model_prefer(path)  # read once, for the runtime and the precision
+        runs_on = auto_runtime(prefer, provider) if picked else name
+        precision, precision_note = preferred_precision(path, runs_on, provider, prefer)
     else:
         precision_note = "as requested"
     if picked:

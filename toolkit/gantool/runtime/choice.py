@@ -34,10 +34,10 @@ def auto_openvino(provider: str, precision: str) -> bool:
     return precision in AUTO_OPENVINO_PRECISIONS and openvino_can_run(provider, precision)
 
 
-def auto_runtime(path: Path, provider: str) -> str:
-    """The runtime ``--backend auto --precision auto`` tries for the ONNX file ``path``: OpenVINO
-    where it would run the model's preferred precision (:func:`auto_openvino`), else ONNX Runtime."""
-    prefer = _file_metadata(path).get(META_PREFER, DEFAULT_PREFER)
+def auto_runtime(prefer: str, provider: str) -> str:
+    """The runtime ``--backend auto --precision auto`` tries for an ONNX file whose publisher
+    prefers ``prefer`` (:func:`model_prefer`): OpenVINO where it would run that precision
+    (:func:`auto_openvino`), else ONNX Runtime."""
     return "openvino" if auto_openvino(provider, prefer) else "onnx"
 
 
@@ -55,22 +55,29 @@ def _file_metadata(path: Path) -> dict[str, str]:
         return {}
 
 
-def preferred_precision(path: Path, name: str, provider: str) -> tuple[str, str]:
+def model_prefer(path: Path) -> str:
+    """The model file's ``gantool.prefer`` (``fp32`` when it has none)."""
+    return _file_metadata(path).get(META_PREFER, DEFAULT_PREFER)
+
+
+def preferred_precision(path: Path, name: str, provider: str, prefer: str | None = None) -> tuple[str, str]:
     """What ``--precision auto`` runs for ``path`` on backend ``name``, and why.
 
     The model's ``gantool.prefer`` (written by ``gantool export --prefer`` only when that
-    precision's gate passed) where this backend and machine run it; else "auto" (fp32, or
-    fp16 ONNX on a GPU), with a warning line naming the reason (an info line for int8 on a GPU).
+    precision's gate passed; ``prefer`` when the caller has read it already) where this backend
+    and machine run it; else "auto" (fp32, or fp16 ONNX on a GPU), with a warning line naming the
+    reason (an info line for int8 on a GPU).
     """
-    prefer = _file_metadata(path).get(META_PREFER, DEFAULT_PREFER)
+    prefer = model_prefer(path) if prefer is None else prefer
     if prefer not in PREFER_CHOICES or prefer == "fp32":
         return "auto", "the model's default"
-    why_not = ""
+    why_not, level = "", logging.WARNING
     if name not in PRECISION_BACKENDS[prefer]:
         why_not = f"the {name} backend cannot run {prefer}"
     elif prefer == "int8":
         if _gpu_likely(provider):
-            why_not = "int8 runs on the CPU only"
+            # On a GPU, fp32 (or fp16) is the fast path, not a fallback: an info line, not a warning.
+            why_not, level = "int8 runs on the CPU only", logging.INFO
         elif not (
             path.name == ARTIFACT["onnx_int8"].filename or path.with_name(ARTIFACT["onnx_int8"].filename).is_file()
         ):
@@ -83,11 +90,7 @@ def preferred_precision(path: Path, name: str, provider: str) -> tuple[str, str]
         device, _ = torch_device(provider)
         why_not = "" if amp_supported(device) else f"bf16 is not native on {device}"
     if why_not:
-        # On a GPU, fp32 (or fp16) is the fast path, not a fallback: said at info level, not as a warning.
-        on_gpu = prefer == "int8" and _gpu_likely(provider)
-        log.log(
-            logging.INFO if on_gpu else logging.WARNING, "the model prefers %s, but %s: running fp32", prefer, why_not
-        )
+        log.log(level, "the model prefers %s, but %s: running fp32", prefer, why_not)
         return "auto", f"the model prefers {prefer}, but {why_not}"
     return prefer, f"the model prefers {prefer} (gantool export --prefer {prefer}; its gate passed at export)"
 
@@ -96,12 +99,14 @@ def auto_choice(model: str | Path, provider: str = "auto") -> dict[str, str]:
     """What default options (backend and precision ``auto``) would run for ``model`` here, and why,
     without opening it (for ``gantool info``)."""
     path, name = resolve_model(model, "auto")
-    runs_on = auto_runtime(path, provider) if name == "onnx" else name
-    precision, why = preferred_precision(path, runs_on, provider)
+    meta = _file_metadata(path)  # read once: parsing an ONNX file's metadata loads its whole graph
+    prefer = meta.get(META_PREFER, DEFAULT_PREFER)
+    runs_on = auto_runtime(prefer, provider) if name == "onnx" else name
+    precision, why = preferred_precision(path, runs_on, provider, prefer)
     if precision == "auto":
         fp16 = path.with_name(ARTIFACT["onnx_fp16"].filename)
         on_gpu_fp16 = runs_on == "onnx" and _gpu_likely(provider) and fp16.is_file()
-        precision = "fp16" if on_gpu_fp16 else _file_metadata(path).get(META_PRECISION, "fp32")
+        precision = "fp16" if on_gpu_fp16 else meta.get(META_PRECISION, "fp32")
     if runs_on == "openvino" and precision != "bf16" and not auto_openvino(provider, precision):
         runs_on = "onnx"
     return {"backend": runs_on, "precision": precision, "why": why}
