@@ -563,3 +563,16 @@ def test_a_push_pull_generator_exports_with_parity_in_every_cpu_format(tmp_path)
     image, mask = case_inputs(ParityCase(2, 12, 20, "box"), TINY_CONFIG.local_size)  # odd pyramid levels
     same = compare(openvino_int8.run(image, mask), onnxruntime_int8.run(image, mask), image, mask)
     assert same["known_exact"] and same["psnr_hole_uint8"] >= 60.0, same  # the same int8 file, run alike
+
+
+def test_a_checkpoint_whose_weights_do_not_fit_says_which_keys(tmp_path):
+    # Before the fix the line ended "(Error(s) in loading state_dict for CompletionNetwork:)".
+    generator = briefly_trained_generator(TINY_CONFIG, seed=3, steps=1)
+    checkpoint = write_checkpoint(tmp_path / "ck.pt", generator)
+    state = torch.load(checkpoint, weights_only=True)
+    dropped = next(iter(state["generator"]))
+    del state["generator"][dropped]
+    torch.save(state, checkpoint)
+    result = invoke("export", checkpoint, "--onnx", "--no-verify", "-o", tmp_path / "out")
+    assert_one_line_error(result, "Missing key(s)")
+    assert dropped in result.output and not result.output.rstrip().endswith(":)")

@@ -386,3 +386,38 @@ def test_cpu_isa_flags_reads_x86_and_arm_cpuinfo():
     arm = "processor\t: 0\nFeatures\t: fp asimd sve bf16\nCPU part\t: 0xd4f\n"
     assert cpu_isa_flags(arm) == ["asimd", "bf16", "fp", "sve"]
     assert cpu_isa_flags("model name : something\n") == []
+
+
+def test_a_relative_calib_folder_is_recorded_by_name_only(tmp_path, monkeypatch):
+    # Before the fix: "3 images from ../clients/acme/photos" in the int8 file and the report.
+    from PIL import Image
+
+    photos = tmp_path / "clients" / "acme" / "photos"
+    photos.mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    for i in range(3):
+        Image.fromarray((rng.random((40, 48, 3)) * 255).astype(np.uint8)).save(photos / f"c{i}.png")
+    checkpoint = write_checkpoint(tmp_path / "ck.pt", briefly_trained_generator(TINY_CONFIG, seed=8, steps=1))
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    result = invoke("export", checkpoint, "--onnx", "--int8", "--calib", "../clients/acme/photos", "-o", "out",
+                    "--no-verify")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    meta = read_model_metadata(Path("out/generator_int8.onnx"))
+    assert meta["gantool.calibration"].startswith("3 images from <path>/photos"), meta["gantool.calibration"]
+    report = Path("out/export_report.json").read_text()
+    assert "acme" not in report and "clients" not in report
+    assert "acme" not in Path("out/generator_int8.onnx").read_bytes().decode("latin-1")
+
+
+def test_export_cuda_without_a_cuda_device_is_a_failure_before_any_work(checkpoint_factory, tmp_path):
+    from gantool.export.parity import cuda_worth_trying
+
+    if cuda_worth_trying():
+        pytest.skip("this machine has a CUDA device: the check runs")
+    # Before the fix: exit 0, with "onnxruntime-cuda not checked: no CUDA device found" among the notes.
+    out = tmp_path / "out"
+    result = invoke("export", checkpoint_factory(), "--onnx", "--cuda", "-o", out)
+    assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+    assert "--cuda" in result.output and "no CUDA device" in result.output
+    assert not out.exists()

@@ -64,6 +64,8 @@ def first_line(error: BaseException, limit: int = 400) -> str:
     """
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     text = lines[0] if lines else type(error).__name__
+    if text.endswith(":") and len(lines) > 1:  # a heading ("Error(s) in loading state_dict for X:"): its details
+        text = " ".join(lines)
     if len(text) <= limit:
         return text
     cut = text.rfind(" ", 0, limit)

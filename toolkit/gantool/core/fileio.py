@@ -175,11 +175,15 @@ def atomic_save(path: str | Path, save: Callable[[Path], object], overwrite: boo
 
 # ------------------------------------------------------------------ folders written whole
 #
-# A folder of files that belong together (one export) is written into a hidden sibling
+# A folder of files that belong together (one export) is written into a hidden staging
 # folder, then put in place in one step: renamed onto the target when there is none, else
 # committed through a journal in the target that lists what to install and what to remove.
 # Whoever opens the target next (export, inpaint, serve) completes a journal whose writer
 # is gone, so a kill at any point leaves the old files or the new ones, whole.
+#
+# The stage is always on the target's own filesystem, so every rename stays on one device:
+# beside the target when there is none yet (the target will be made in that parent), inside
+# it when it exists (a mount point, ``/dev/shm``, a volume: its parent is another device).
 
 STAGE_PREFIX = ".gantool-stage-"
 JOURNAL_NAME = ".gantool-commit.json"
@@ -224,16 +228,25 @@ def _make_folders(folder: Path) -> list[Path]:
 
 
 def _stage_owner(name: str) -> tuple[str, int | None]:
-    """(target name, writer pid) of a ``.gantool-stage-<target>.<pid>.<random>`` folder name."""
+    """(target name, writer pid) of a ``.gantool-stage-<target>.<pid>.<random>`` folder name;
+    the target name is empty for a stage inside its own target."""
     parts = name[len(STAGE_PREFIX) :].rsplit(".", 2)
     if len(parts) == 3 and parts[1].isdigit():
         return parts[0], int(parts[1])
     return "", None
 
 
+def _stage_home(data: dict, folder: Path) -> Path:
+    """The folder a journal's stage lives in: ``folder`` itself, or (older journals) its parent."""
+    return folder if data.get("stage_in") == "target" else folder.parent
+
+
 def remove_stale_stages(parent: str | Path) -> list[Path]:
     """Remove staging folders in ``parent`` whose writer is gone; a stage that a journal
-    still needs is committed first (its writer died mid-commit). Returns what was removed."""
+    still needs is committed first (its writer died mid-commit). Returns what was removed.
+
+    A commit into another folder that cannot be completed is that folder's business: it is
+    reported as a warning and never stops a write elsewhere in ``parent``."""
     parent = Path(parent)
     removed: list[Path] = []
     try:
@@ -248,8 +261,13 @@ def remove_stale_stages(parent: str | Path) -> list[Path]:
             continue
         if young and (pid == os.getpid() or (pid is not None and pid_alive(pid))):
             continue  # a live export's (a pid reused by another process counts as gone after a day)
-        if target and (parent / target / JOURNAL_NAME).is_file():
-            finish_interrupted_commit(parent / target)
+        owner = parent / target if target else parent  # no target name: a stage inside its target
+        if (owner / JOURNAL_NAME).is_file():
+            try:
+                finish_interrupted_commit(owner)
+            except InputError as e:
+                log.warning("left %s as it is: %s", entry.path, e)
+                continue
         if Path(entry.path).exists():
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(Path(entry.path))
@@ -268,13 +286,19 @@ def staged_folder(target: str | Path) -> Iterator[Path]:
         created = _make_folders(target.parent)
     except InputError as e:
         raise InputError(f"cannot create {target}: {e}") from None
+    inside = target.is_dir()  # on the target's own filesystem either way (see the section's comment)
+    home = target if inside else target.parent
     try:
         remove_stale_stages(target.parent)
-        stage = target.parent / f"{STAGE_PREFIX}{target.name}.{os.getpid()}.{secrets.token_hex(4)}"
+        if inside:
+            remove_stale_stages(target)
+        # Absolute: a compiler run in another working directory writes its scratch files here.
+        name = f"{STAGE_PREFIX}{'' if inside else target.name}.{os.getpid()}.{secrets.token_hex(4)}"
+        stage = home.absolute() / name
         stage.mkdir()
     except OSError as e:
         _remove_empty(created)
-        raise InputError(f"cannot write to {target.parent}: {e.strerror or e}") from None
+        raise InputError(f"cannot write to {home}: {e.strerror or e}") from None
     try:
         yield stage
     finally:
@@ -316,6 +340,8 @@ def commit_staged_folder(stage: Path, target: Path, remove: list[str]) -> None:
             _fsync_dir(target.parent)
             return
         journal = {"stage": stage.name, "install": names, "remove": sorted(set(remove) - set(names))}
+        if stage.parent.resolve() == target.resolve():
+            journal["stage_in"] = "target"
         atomic_write_text(target / JOURNAL_NAME, json.dumps({**journal, "pid": os.getpid()}))
     except OSError as e:
         raise InputError(f"cannot write {target}: {e.strerror or e}") from None
@@ -353,7 +379,7 @@ def finish_interrupted_commit(folder: str | Path, own: bool = False) -> bool:
         time.sleep(0.05)
         if (data := _journal(folder)) is None:
             return True  # the writer finished
-    stage = folder.parent / data["stage"]
+    stage = _stage_home(data, folder) / data["stage"]
     try:
         with _signals_deferred():
             for name in data["install"]:

@@ -95,6 +95,7 @@ from gantool.export.formats import (
 from gantool.export.parity import (
     ParityCase,
     check_prefer,
+    cuda_worth_trying,
     failures,
     float64_backend,
     fp32_tolerance,
@@ -272,6 +273,8 @@ def export_generator(
         raise InputError(f"the AOTInductor device must be cpu or cuda, got {aoti_device!r}")
     if aoti_device == "cuda" and not torch.cuda.is_available():
         raise InputError("cannot compile AOTInductor for cuda: torch finds no CUDA device")
+    if cuda is True and verify and not cuda_worth_trying():  # before the export, not after it
+        raise InputError("--cuda: no CUDA device found, so the CUDA parity check cannot run (drop --cuda)")
     checkpoint_path = Path(checkpoint_path)
     if checkpoint_path.is_dir():  # a run, import or export folder: its weights file
         checkpoint_path = weights_file(checkpoint_path, "export")
@@ -457,7 +460,7 @@ def _write_each(
                     else "none (every convolution is int8)"
                 )
                 done.notes.append(
-                    f"int8: calibrated on {calibration.source}; worst hole PSNR against fp32 "
+                    f"int8: calibrated on {calibration.kept}; worst hole PSNR against fp32 "
                     f"{int8_result.hole_psnr:.1f} dB (gate {int8_min_psnr:g} dB); convolutions left in float: {floats}"
                 )
             elif key == "pt2":

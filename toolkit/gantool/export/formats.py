@@ -339,7 +339,7 @@ def scratch_space_in(folder: Path) -> Iterator[Path]:
     """Point temporary files (Python's tempfile, a compiler's via TMPDIR) into ``folder/.tmp``
     for the duration: the quantizer's and AOTInductor's scratch files go with the staging
     folder, even when the export is killed. Restored after."""
-    scratch = folder / ".tmp"
+    scratch = folder.absolute() / ".tmp"  # absolute: a compiler runs in other working directories
     scratch.mkdir(exist_ok=True)
     saved_env, saved_dir = os.environ.get("TMPDIR"), tempfile.tempdir
     os.environ["TMPDIR"], tempfile.tempdir = str(scratch), str(scratch)

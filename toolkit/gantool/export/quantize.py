@@ -68,7 +68,13 @@ class QuantizationError(ModelError):
 class Calibration:
     images: np.ndarray  # N x 3 x S x S float32
     masks: np.ndarray  # N x 1 x S x S float32, 1 = hole
-    source: str  # what the images are, in words (reported to the user)
+    source: str  # what the images are, in words (reported to the user, folders as given)
+    recorded: str = ""  # the same words for the model file and the report: folders by name only
+
+    @property
+    def kept(self) -> str:
+        """What a shipped file records: no path of this machine, absolute or relative."""
+        return self.recorded or redact_paths(self.source)
 
 
 @dataclass
@@ -103,15 +109,17 @@ def calibration_batch(
         dataset = InpaintingDataset(source, size, local, mask_kind, None)
         items = [dataset[(i, 1_000_003 + i)] for i in range(min(count, len(source)))]
         images, masks = (np.stack([item[k].numpy() for item in items]) for k in (0, 1))
-        return Calibration(images, masks, f"{len(items)} images from {folder}, with {mask_kind} holes")
+        said = f"{len(items)} images from {{}}, with {mask_kind} holes"
+        return Calibration(images, masks, said.format(folder), said.format(_by_name(folder)))
     data = str(train.get("data", ""))
     seed = int(train.get("seed", 0))
-    described = ""
+    described = recorded = ""
     chosen: ImageFolderSource | SyntheticSource | None = None
     if data and data != "synthetic" and Path(data).is_dir():
         try:
             chosen = open_source(data, seed)
             described = f"validation images of the run, from {data}"
+            recorded = f"validation images of the run, from {_by_name(data)}"
         except InputError as e:
             log.info("run data unusable for calibration: %s", first_line(e))
     elif data == "synthetic":
@@ -122,7 +130,13 @@ def calibration_batch(
         described = f"synthetic images ({why}; pass --calib DIR for real ones)"
     batch = validation_batch(chosen, count, size, local, mask_kind, None, seed)
     images, masks = batch[0].numpy(), batch[1].numpy()
-    return Calibration(images, masks, f"{len(images)} {described}, with {mask_kind} holes")
+    said = f"{len(images)} {{}}, with {mask_kind} holes"
+    return Calibration(images, masks, said.format(described), said.format(recorded) if recorded else "")
+
+
+def _by_name(folder: str | Path) -> str:
+    """``<path>/NAME`` for a folder given any way (``../clients/acme/photos``, ``/srv/x/photos``)."""
+    return f"<path>/{Path(folder).resolve().name}"
 
 
 @contextlib.contextmanager
@@ -201,7 +215,7 @@ def _write(candidate: Path, out_path: Path, metadata: dict[str, str], floats: li
     props.update(metadata)
     props[META_PRECISION] = "int8"
     props[META_FLOAT_NODES] = json.dumps(floats)
-    props[META_CALIBRATION] = redact_paths(calibration)  # no path of this machine
+    props[META_CALIBRATION] = calibration  # Calibration.kept: no path of this machine
     del model.metadata_props[:]
     for key, value in props.items():
         model.metadata_props.add(key=key, value=value)
@@ -258,12 +272,12 @@ def quantize_int8(
             log.info("int8 (%s): worst hole PSNR %.1f dB (gate %.1f dB)", kept, psnr, min_psnr)
             tried.append(f"{psnr:.1f} dB with {kept}")
             if report["passed"]:
-                _write(candidate, out_path, metadata, exclude, calibration.source)
+                _write(candidate, out_path, metadata, exclude, calibration.kept)
             return candidate, bool(report["passed"]), psnr
 
         first, passed, psnr = attempt([])
         if passed:
-            return Int8Result(psnr, [], 0.0, calibration.source)
+            return Int8Result(psnr, [], 0.0, calibration.kept)
         try:
             with _quiet_quantizer():
                 errors = conv_sqnr(pre, first, convs, _feeds(calibration), Path(tmp))
@@ -277,7 +291,7 @@ def quantize_int8(
         for floats in sets:
             _, passed, psnr = attempt(floats)
             if passed:
-                return Int8Result(psnr, [c.name for c in floats], float_share(floats, convs), calibration.source)
+                return Int8Result(psnr, [c.name for c in floats], float_share(floats, convs), calibration.kept)
     if blocked is not None:
         limit = f"leaving {blocked.name} in float too would pass {max_float_macs:.0%} of the multiply-adds"
     else:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from gantool.core.constants import DEFAULT_INT8_MIN_PSNR
-from gantool.core.errors import first_line
+from gantool.core.errors import ProviderError, first_line
 from gantool.export.formats import HalfPrecisionGenerator, quiet_exporter
 from gantool.export.parity import (
     Backend,
@@ -140,7 +140,9 @@ def verify_exports(
             suffix, precision = ("-fp16", "fp16") if name == "onnx_fp16" else ("", "fp32")
             try:
                 session = onnx_session(path, cuda=True)
-            except Exception as e:  # a CUDA problem must never break the CPU result
+            except Exception as e:  # a CUDA problem must never break the CPU result, unless asked for
+                if cuda is True:  # --cuda: a check that was asked for and cannot run is a failure
+                    raise ProviderError(f"--cuda: onnxruntime-cuda{suffix} cannot run: {first_line(e)}") from None
                 notes.append(f"onnxruntime-cuda{suffix} not checked: {first_line(e)}")
                 continue
             backends.append(BackendSpec(f"onnxruntime-cuda{suffix}", onnxruntime_backend(session), precision))
