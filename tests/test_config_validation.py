@@ -237,3 +237,55 @@ def test_cli_defaults_come_from_train_config():
     ):
         assert f"[default: {getattr(defaults, name)}]" in help_text, name
     assert "[default: box]" in help_text and "box|free|mixed" in help_text
+
+
+# Valid values for the keys whose default is "left out" (None), and for --out.
+OVERRIDES = {"out": "run", "fill": (0.5, 0.5, 0.5), "scale_min": 0.5, "scale_max": 1.0, "hole_min": 8,
+             "hole_max": 16, "init_from": "ck.pt", "lr_d": 1e-4, "amp": True, "channels_last": True}  # fmt: skip
+
+
+def _valid_cli_value(key: str) -> list[str]:
+    """A valid command-line override of ``key`` (TINY's value, else TrainConfig's default)."""
+    flag = "--" + key.replace("_", "-")
+    value = {**TINY, **OVERRIDES}.get(key, getattr(TrainConfig(), key))
+    if isinstance(value, bool):
+        return [flag]  # switched on: an override all the same
+    if isinstance(value, (list, tuple)):
+        return [flag, *(str(v) for v in value)]
+    return [f"{flag}={value}"] if value is not None else []
+
+
+# Keys whose valid override is a flag that can only be switched on, or that have no value to give.
+NO_OVERRIDE = {key for key in FIELD_RULES if not _valid_cli_value(key)}
+
+
+@pytest.mark.parametrize("kind", BAD_KINDS)
+@pytest.mark.parametrize("key", sorted(set(FIELD_RULES) - NO_OVERRIDE))
+def test_every_toml_key_is_checked_when_the_command_line_overrides_it(key, kind, tmp_path, no_training):
+    # Before the fix `size = "big"` in the file with --size 32 trained with exit 0 and no word.
+    if (key, kind) in ACCEPTED_TOML:
+        pytest.skip("a valid value")
+    settings = dict(TINY, out="run")
+    settings[key] = toml_value(key, kind)
+    if check_options_refuses(key, settings[key]) is False:
+        pytest.skip("refused only in combination with other keys, which the override replaces")
+    config = tmp_path / "train.toml"
+    config.write_text(tomli_w.dumps(settings), encoding="utf-8")
+    before = {p.name for p in tmp_path.iterdir()}
+    args = ["train", "--config", str(config), *_valid_cli_value(key), "--quiet"]
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert_refused(result, key, tmp_path, before)
+    assert str(config) in result.output
+    assert not no_training
+
+
+def check_options_refuses(key: str, value) -> bool:
+    try:
+        check_options({key: value})
+    except InputError:
+        return True
+    return False
+
+
+def test_no_key_is_left_out_of_the_override_property():
+    assert NO_OVERRIDE == set(), NO_OVERRIDE

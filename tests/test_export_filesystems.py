@@ -146,5 +146,5 @@ def test_aoti_export_with_a_relative_output_from_another_directory(tmp_path: Pat
     command = [sys.executable, "-m", "gantool", "export", "../my run/last.pt", "-o", "ex", "--aoti", "--onnx"]
     done = subprocess.run(command, cwd=work, env=subprocess_env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert (work / "ex" / "generator_aoti.pt2").is_file() and (work / "ex" / "generator.onnx").is_file()
+    assert (work / "ex" / "generator.aoti.pt2").is_file() and (work / "ex" / "generator.onnx").is_file()
     assert _hidden(work / "ex") == [] and _hidden(work) == []

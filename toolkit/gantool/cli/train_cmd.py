@@ -204,11 +204,9 @@ def _run(
     options: dict[str, Any],
     stop: Any,
 ) -> Any:
-    from gantool.core.config import read_toml
     from gantool.training.loop import train as run_training  # imports torch: only when training
 
-    chosen = read_toml(config_file) if config_file else {}
-    chosen.update(explicit_options(click.get_current_context(), options))
+    chosen = _chosen_options(config_file, options)
     return run_training(chosen, resume=resume, progress=not quiet, allow_data_change=allow_data_change, stop=stop)
 
 
@@ -216,13 +214,20 @@ def _launch(
     config_file: str | None, resume: str | None, allow_data_change: bool, nproc: int, options: dict[str, Any]
 ) -> None:
     """Check everything once, then run this same command in ``nproc`` processes."""
-    from gantool.core.config import read_toml
     from gantool.training.launch import check_launch, launch
 
-    chosen = read_toml(config_file) if config_file else {}
-    chosen.update(explicit_options(click.get_current_context(), options))
+    chosen = _chosen_options(config_file, options)
     plan = check_launch(chosen, resume, nproc, allow_data_change)
     sys.exit(launch(nproc, _argv_without_nproc(), plan.run_dir, plan.collective_timeout))
+
+
+def _chosen_options(config_file: str | None, options: dict[str, Any]) -> dict[str, Any]:
+    """The TOML file's keys (each checked, even those the command line overrides), then the options given."""
+    from gantool.core.config import read_config_file
+
+    chosen = read_config_file(config_file) if config_file else {}
+    chosen.update(explicit_options(click.get_current_context(), options))
+    return chosen
 
 
 def _argv_without_nproc() -> list[str]:

@@ -396,5 +396,17 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     return dict(data)
 
 
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """``gantool train --config``: :func:`read_toml` with every key checked as it is in the file,
+    whatever the command line then overrides (a broken file fails the day it is written, not the
+    day it is used alone). The values are returned as written; the merged options are checked again."""
+    data = read_toml(path)
+    try:
+        check_options(data)
+    except InputError as e:
+        raise InputError(f"config file {path}: {e}") from None
+    return data
+
+
 def toml_text(data: dict[str, Any]) -> str:
     return tomli_w.dumps(data)

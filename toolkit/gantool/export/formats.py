@@ -15,6 +15,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -291,7 +292,7 @@ def export_aoti(
     stack = contextlib.ExitStack()
     try:
         # The compile folder inside the export's staging folder: removed with it, however the export ends.
-        scratch = tempfile.TemporaryDirectory(dir=path.parent, prefix=".aoti-")
+        scratch = tempfile.TemporaryDirectory(dir=_compile_home(path.parent), prefix=".aoti-")
         with quiet_exporter(), torch.no_grad(), patched, scratch as tmp:
             cache = str(Path(tmp).resolve() / "cache")
             # The compiler records these in the library: the compile folder and torch's headers.
@@ -334,18 +335,41 @@ def _unnamed_folders(data: bytes, folders: dict[str, str]) -> bytes:
     return data
 
 
+def _has_space(path: Path) -> bool:
+    return any(c.isspace() for c in str(path.resolve()))
+
+
+def _compile_home(stage: Path) -> Path:
+    """Where AOTInductor compiles: in the staging folder, else (its path holds whitespace) in the
+    scratch space :func:`scratch_space_in` chose, which then has none."""
+    home = stage if not _has_space(stage) else Path(tempfile.gettempdir())
+    if _has_space(home):
+        raise InputError(
+            f"AOTInductor cannot compile under {home}: torch's compiler command breaks on paths with "
+            "spaces; export --aoti into a folder whose path has none, or set TMPDIR to one"
+        )
+    return home
+
+
 @contextlib.contextmanager
 def scratch_space_in(folder: Path) -> Iterator[Path]:
     """Point temporary files (Python's tempfile, a compiler's via TMPDIR) into ``folder/.tmp``
     for the duration: the quantizer's and AOTInductor's scratch files go with the staging
     folder, even when the export is killed. Restored after."""
-    scratch = folder.absolute() / ".tmp"  # absolute: a compiler runs in other working directories
+    # Absolute: a compiler runs in other working directories. torch's C++ build command is split on
+    # whitespace (g++: "input file '/tmp/wö' is the same as output file" for "/tmp/wö d"), so under
+    # such a folder the scratch space is a fresh folder in the system's temp folder, removed after.
+    scratch = folder.absolute() / ".tmp"
+    if _has_space(folder):
+        scratch = Path(tempfile.mkdtemp(prefix="gantool-export-"))
     scratch.mkdir(exist_ok=True)
     saved_env, saved_dir = os.environ.get("TMPDIR"), tempfile.tempdir
     os.environ["TMPDIR"], tempfile.tempdir = str(scratch), str(scratch)
     try:
         yield scratch
     finally:
+        if scratch.parent != folder.absolute():
+            shutil.rmtree(scratch, ignore_errors=True)
         tempfile.tempdir = saved_dir
         if saved_env is None:
             os.environ.pop("TMPDIR", None)

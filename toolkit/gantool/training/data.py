@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import os
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +31,58 @@ SYNTHETIC = "synthetic"
 DECODE_CACHE_BYTES = 1 << 30  # decoded RGB bytes of a folder kept in memory per process (see ImageFolderSource)
 
 
-def find_images(root: str | Path) -> list[Path]:
-    """All image files under ``root`` (recursive), sorted for reproducibility."""
+@dataclass
+class ImageScan:
+    """The image files under a folder, and how many of them came through symbolic links."""
+
+    paths: list[Path]
+    linked: int = 0  # images reached through a linked folder (or linked themselves)
+    repeated: list[Path] = field(default_factory=list)  # links to a folder already walked (a loop, an alias)
+
+
+def scan_images(root: str | Path) -> ImageScan:
+    """Every image file under ``root``, recursively and through folder links, sorted for
+    reproducibility. A folder is walked once, whatever the links to it (a link to an ancestor,
+    a cycle, two links to one folder): its later appearances are listed in ``repeated``. Links
+    may point outside ``root``; the paths keep the linked names, so they stay under ``root``."""
     root = Path(root)
     if not root.exists():
         raise InputError(f"data folder not found: {root}")
     if not root.is_dir():
         raise InputError(f"--data must be a folder of images (or 'synthetic'), got a file: {root}")
-    return sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+    found: list[Path] = []
+    linked_dirs: set[str] = set()
+    seen: set[tuple[int, int]] = set()
+    scan = ImageScan(found)
+    for folder, dirs, files in os.walk(root, followlinks=True):
+        dirs.sort()  # which of two links to one folder is walked must not depend on the file system
+        try:
+            st = os.stat(folder)
+        except OSError:
+            dirs[:] = []
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            scan.repeated.append(Path(folder))
+            dirs[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        via_link = folder in linked_dirs
+        for name in dirs:
+            child = os.path.join(folder, name)
+            if via_link or os.path.islink(child):
+                linked_dirs.add(child)
+        for name in files:
+            path = Path(folder, name)
+            if path.suffix.lower() in IMAGE_EXTENSIONS and path.is_file():
+                found.append(path)
+                scan.linked += via_link or path.is_symlink()
+    found.sort()
+    return scan
+
+
+def find_images(root: str | Path) -> list[Path]:
+    """All image files under ``root`` (recursive, through folder links), sorted for reproducibility."""
+    return scan_images(root).paths
 
 
 def random_crop_resize(img: Image.Image, size: int, rng: np.random.Generator) -> np.ndarray:
@@ -85,7 +131,9 @@ class ImageFolderSource:
         self.root = Path(root)
         # None: the crop's shorter side is drawn between the size and the image's own (random_crop_resize).
         self.scale_range = scale_range
-        candidates = find_images(self.root)
+        scan = scan_images(self.root)
+        candidates = scan.paths
+        self.linked, self.repeated = scan.linked, scan.repeated
         self.paths: list[Path] = []
         self.skipped: list[Path] = []
         decoded_bytes = 0
@@ -160,7 +208,7 @@ class ImageFolderSource:
             name = path.relative_to(self.root).as_posix().encode("utf-8", "surrogateescape")
             digest.update(name + b"\0" + f"{st.st_size}:{st.st_mtime_ns}".encode() + b"\n")
         return {
-            "path": str(self.root.absolute()),
+            "path": str(self.root.resolve()),  # absolute and normalised (no "sub/..")
             "files": len(self.candidates),
             "bytes": total,
             "sha256": digest.hexdigest(),
@@ -214,6 +262,21 @@ def open_source(
     """The training images: ``synthetic`` or a folder (cropped at ``scale_range``, see
     :func:`random_scaled_crop`; synthetic images are drawn at the training size)."""
     return SyntheticSource(seed=seed) if data == SYNTHETIC else ImageFolderSource(data, scale_range)
+
+
+def report_source(source: ImageFolderSource | SyntheticSource, data: str) -> None:
+    """The start-up lines about a data folder: images through links, links skipped, unreadable files."""
+    if not isinstance(source, ImageFolderSource):
+        return
+    if source.linked:
+        log.info("data: %d of %d image(s) came through folder links in %s", source.linked, len(source.candidates), data)
+    if source.repeated:
+        log.warning(
+            "data: %d linked folder(s) skipped, each already read (a loop or a second link; first: %s)",
+            len(source.repeated), source.repeated[0],
+        )  # fmt: skip
+    if source.skipped:
+        log.warning("skipped %d unreadable file(s) in %s (first: %s)", len(source.skipped), data, source.skipped[0])
 
 
 def data_fingerprint(source: ImageFolderSource | SyntheticSource, data: str) -> dict[str, Any]:

@@ -57,6 +57,7 @@ from gantool.training.data import (
     estimate_fill,
     holdout_count,
     open_source,
+    report_source,
     validation_batch,
 )
 from gantool.training.distributed import (
@@ -175,7 +176,7 @@ def prepare_run(
     check_utf8_path(cfg.data, "--data")
     check_utf8_path(cfg.out, "--out")
     if cfg.data != "synthetic":
-        cfg = cfg.replace(data=str(Path(cfg.data).absolute()))
+        cfg = cfg.replace(data=str(Path(cfg.data).resolve()))  # absolute and normalised: no "sub/.."
     step = int(state["step"]) if state is not None else 0
     if step >= cfg.total_steps:
         raise InputError(
@@ -320,8 +321,8 @@ def _train(
         log.warning("bf16 autocast is not natively supported on this %s; it will be slow", device.type)
     if cfg.sync_bn and not dist.enabled and dist.is_main:
         log.warning("--sync-bn has no effect in a single process (launch with torchrun for several)")
-    if source.skipped and dist.is_main:
-        log.warning("skipped %d unreadable file(s) in %s (first: %s)", len(source.skipped), cfg.data, source.skipped[0])
+    if dist.is_main:
+        report_source(source, cfg.data)
     held = holdout_count(source, cfg.val_images)
     train_items = len(source) - held if cfg.data != "synthetic" else len(source)
     source.train_count = train_items  # a file that fails to decode is replaced by another training image
