@@ -288,4 +288,4 @@ def check_options_refuses(key: str, value) -> bool:
 
 
 def test_no_key_is_left_out_of_the_override_property():
-    assert NO_OVERRIDE == set(), NO_OVERRIDE
+    assert not NO_OVERRIDE, NO_OVERRIDE
