@@ -168,6 +168,13 @@ def missing_serve_packages() -> list[str]:
     metavar="ORIGIN",
     help="Allow browser pages from ORIGIN to call the API (repeatable). Default: CORS off.",
 )
+@click.option(
+    "--access-log",
+    type=click.Choice(["off", "text", "json"]),
+    default="off",
+    show_default=True,
+    help="One line per request on stderr (request ID, status, bytes in and out, holes, ms); json: JSON lines.",
+)
 def serve(
     model: str | None,
     host: str,
@@ -193,6 +200,7 @@ def serve(
     allowed_hosts: tuple[str, ...],
     api_key: str | None,
     cors_origins: tuple[str, ...],
+    access_log: str,
 ) -> None:
     """Serve inpainting over HTTP: the API at /v1/inpaint and a page at /.
 
@@ -226,6 +234,7 @@ def serve(
         max_blend_pixels=max_blend_pixels,
         release_memory_pixels=release_memory_pixels,
         allowed_hosts=allowed_hosts or default_allowed_hosts(host),
+        access_log=access_log,
     )
     inpainter = Inpainter(
         model, provider, backend, precision=precision, strategy=strategy, batch_size=max_batch, blend=blend

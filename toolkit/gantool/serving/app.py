@@ -53,6 +53,7 @@ from gantool.inference.inpainter import (
     parse_box,
 )
 from gantool.runtime.memory import trim_heap
+from gantool.serving.answers import EXPOSED_HEADERS, HOLES_HEADER, REQUEST_ID_HEADER, install_request_id_filter
 from gantool.serving.batcher import Batcher, QueueFullError
 from gantool.serving.limits import Counters, Guard
 from gantool.serving.settings import INPAINT_PATH, ServeSettings
@@ -97,6 +98,7 @@ def decode_request(
     try:
         mask = None
         if mask_file is not None:
+            check_header_sizes(image_file, mask_file, max_pixels)
             mask = mask_to_array(read_image(mask_file, max_pixels=max_pixels, name="the uploaded mask"))
             if max_holes is not None and not boxes:
                 check_holes(mask, max_holes)
@@ -115,6 +117,53 @@ def decode_request(
     except Exception as e:  # a decoder's own error on a malformed upload is still bad input
         raise InputError(f"cannot decode the upload: {first_line(e)}") from None
     return image, (np.maximum.reduce(parts) if len(parts) > 1 else parts[0])
+
+
+def _header_size(file: BinaryIO) -> tuple[int, int] | None:
+    """An upload's stored width and height from its header alone (None when unreadable: the
+    decoder then says why). The file is left at its start."""
+    try:
+        with Image.open(file) as img:
+            return img.size
+    except Exception:
+        return None
+    finally:
+        file.seek(0)
+
+
+def check_header_sizes(image_file: BinaryIO, mask_file: BinaryIO, max_pixels: int) -> None:
+    """Refuse a mask whose size cannot match the image's, from both headers, before either is
+    decoded (a 16 kB 1-bit mask of 6000 x 6000 decodes for seconds). Either orientation passes
+    here (EXIF may turn one); the decoded sizes are compared exactly later. An upload over
+    ``max_pixels`` is left to the decoder's 413, which names that limit."""
+    image, mask = _header_size(image_file), _header_size(mask_file)
+    over = any(size is not None and size[0] * size[1] > max_pixels for size in (image, mask))
+    if not over and image is not None and mask is not None and mask not in (image, image[::-1]):
+        raise InputError(
+            f"the uploaded mask is {mask[0]}x{mask[1]} but the uploaded image is {image[0]}x{image[1]} "
+            "(masks must match the displayed image size; no resizing)"
+        )
+
+
+WEBP_MAX_SIDE = 16383  # libwebp's limit on either side
+
+
+def check_output_format(image: Image.Image, fmt: str) -> None:
+    """What the answer's format cannot hold, refused before the model runs (422: the request is
+    well formed, the format cannot carry this image)."""
+    if fmt != "webp":
+        return
+    if image.mode == "I;16":
+        raise UnsupportedOutput("WebP cannot hold a 16-bit image: ask for format=png")
+    if max(image.size) > WEBP_MAX_SIDE:
+        raise UnsupportedOutput(
+            f"WebP holds at most {WEBP_MAX_SIDE} pixels a side and this image is {image.width}x{image.height}: "
+            "ask for format=png"
+        )
+
+
+class UnsupportedOutput(InputError):
+    """The image is fine; the asked-for output format cannot hold it (422)."""
 
 
 def finish_and_encode(image: Image.Image, mask: np.ndarray, fills: ModelFills, blend: str, fmt: str) -> bytes:
@@ -193,6 +242,8 @@ async def _client_left(request: Request) -> None:
 
 
 def _status_for(error: GantoolError) -> int:
+    if isinstance(error, UnsupportedOutput):
+        return 422
     if isinstance(error, SizeLimitError):
         return 413
     if isinstance(error, QueueFullError):
@@ -399,6 +450,7 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
             )
         finally:
             await form.close()
+        check_output_format(decoded, output_format)
         cost = await run_in_threadpool(plan, decoded, holes, strategy, blend)
         future = batcher.submit(decoded, holes, strategy, cost.model_pixels)
         waiting: asyncio.Future[Any] = asyncio.wrap_future(future)
@@ -420,7 +472,10 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
         # A large request: once it is answered (and its arrays freed), the C heap goes back to the system.
         large = 0 < settings.release_memory_pixels <= max(decoded.width * decoded.height, cost.model_pixels)
         return Response(
-            body, media_type=MEDIA_TYPES[output_format], background=BackgroundTask(trim_heap) if large else None
+            body,
+            media_type=MEDIA_TYPES[output_format],
+            headers={HOLES_HEADER: str(cost.holes)},  # 0: the mask (or alpha) had no hole; the image comes back as sent
+            background=BackgroundTask(trim_heap) if large else None,
         )
 
     @app.get("/v1/model", summary="The model that runs")
@@ -465,12 +520,14 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
         app.head(url, include_in_schema=False, response_model=None)(route)
 
     _install_error_handlers(app)
+    install_request_id_filter()
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
             allow_origins=list(settings.cors_origins),
             allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "X-API-Key", "Content-Type"],
+            allow_headers=["Authorization", "X-API-Key", "Content-Type", REQUEST_ID_HEADER],
+            expose_headers=list(EXPOSED_HEADERS),
         )
     app.add_middleware(Guard, settings=settings, counters=counters)  # outermost: before CORS and the app
     return app

@@ -1,6 +1,8 @@
 """The ASGI guard in front of the app: everything decided before any work.
 
-In order, for every HTTP request: ``nosniff`` on the answer; the ``Host`` allow-list
+In order, for every HTTP request: the common headers on the answer, whoever sends it
+(``nosniff``, ``X-Request-ID``, CORS for an allowed origin: :mod:`gantool.serving.answers`),
+and a line in the access log; the ``Host`` allow-list
 (400, DNS rebinding); ``Origin`` neither this server's nor a ``--cors-origin`` (403,
 cross-site form posts need no preflight); the API key (401). Then, for a request with
 a body: its length (411 without one, 413 over ``--max-upload-mb``), and the body read
@@ -19,6 +21,17 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+from gantool.serving.answers import (
+    HOLES_HEADER,
+    NOSNIFF,
+    AccessLog,
+    AccessRecord,
+    _host_name,
+    common_headers,
+    origin_key,
+    request_id_from,
+    request_id_var,
+)
 from gantool.serving.settings import INPAINT_PATH, ServeSettings
 
 Scope = MutableMapping[str, Any]
@@ -27,7 +40,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-NOSNIFF = (b"x-content-type-options", b"nosniff")
 BODY_METHODS = ("POST", "PUT", "PATCH")
 # How often a body read looks at the shutdown flag while it waits for a slow client.
 POLL_S = 0.25
@@ -75,13 +87,6 @@ class _ClientGone(Exception):
     pass
 
 
-def _host_name(value: str) -> str:
-    """``Host`` without its port: ``example.com:80`` -> ``example.com``, ``[::1]:8000`` -> ``::1``."""
-    if value.startswith("["):
-        return value[1:].split("]", 1)[0]
-    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
-
-
 class Guard:
     """The checks above, as ASGI middleware around the FastAPI app (see the module docstring)."""
 
@@ -94,6 +99,8 @@ class Guard:
         self.any_host = not hosts or "*" in hosts
         self.hosts = {h.lower() for h in hosts}
         self.origins = set(settings.cors_origins)
+        self.origin_keys = {origin_key(o) for o in settings.cors_origins}
+        self.access_log = AccessLog(settings.access_log)
         # Bodies being read may reserve this much together; more wait outside (503).
         self.buffer_budget = settings.max_queue * settings.max_body_bytes
 
@@ -114,8 +121,9 @@ class Guard:
         origin = headers.get(b"origin")
         if origin is not None:
             text = origin.decode("latin-1")
-            own = f"{scope.get('scheme', 'http')}://{host}"
-            if text != own and text not in self.origins:
+            key = origin_key(text)
+            own = origin_key(f"{scope.get('scheme', 'http')}://{host}")
+            if key != own and key not in self.origin_keys:
                 raise Refused(403, f"requests from pages at {text} are not allowed (see --cors-origin)")
         protected = self.api_key is not None and scope["path"].startswith("/v1/") and scope["method"] != "OPTIONS"
         if protected and not self._authorized(headers):
@@ -198,12 +206,25 @@ class Guard:
             await self.app(scope, receive, send)
             return
 
-        async def nosniff_send(message: Message) -> None:
+        headers = dict(scope.get("headers") or [])
+        request_id = request_id_from(headers.get(b"x-request-id"))
+        scope.setdefault("state", {})["request_id"] = request_id
+        origin = headers.get(b"origin")
+        client = scope.get("client") or ("", 0)
+        record = AccessRecord(request_id, scope["method"], scope["path"], f"{client[0]}:{client[1]}")
+        token = request_id_var.set(request_id)  # the warnings logged on the request's behalf name it
+
+        async def answer_send(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), NOSNIFF]
+                present = list(message.get("headers", []))
+                message["headers"] = [*present, *common_headers(present, request_id, origin, self.origins)]
+                record.status = int(message["status"])
+                holes = [v for k, v in present if k.lower() == HOLES_HEADER.lower().encode()]
+                record.holes = int(holes[0]) if holes else None
+            elif message["type"] == "http.response.body":
+                record.bytes_out += len(message.get("body", b""))
             await send(message)
 
-        headers = dict(scope.get("headers") or [])
         counters = self.counters
         reserved = 0
 
@@ -215,7 +236,7 @@ class Guard:
         try:
             self.check_headers(scope, headers)
             if scope["method"] not in BODY_METHODS:
-                await self.app(scope, receive, nosniff_send)
+                await self.app(scope, receive, answer_send)
                 return
             admitted = scope["path"] == INPAINT_PATH and scope["method"] == "POST"
             if admitted and counters.draining:
@@ -228,6 +249,7 @@ class Guard:
                 body = await self.read_body(receive, declared, reserve)
             finally:
                 counters.reading -= 1
+            record.bytes_in = len(body)
             if admitted:
                 if counters.in_flight >= self.settings.max_queue:
                     raise Refused(
@@ -246,13 +268,15 @@ class Guard:
                 return await receive()  # the next message is http.disconnect, when the client leaves
 
             try:
-                await self.app(scope, replay, nosniff_send)
+                await self.app(scope, replay, answer_send)
             finally:
                 if admitted:
                     counters.in_flight -= 1
         except Refused as refused:
-            await send_error(send, refused.status, refused.message, refused.headers, refused.close)
+            await send_error(answer_send, refused.status, refused.message, refused.headers, refused.close)
         except _ClientGone:
             pass
         finally:
             counters.buffered -= reserved
+            request_id_var.reset(token)
+            self.access_log.write(record)

@@ -30,6 +30,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gantool.core.errors import InputError
 from gantool.core.signals import STOP_SIGNALS, handlers_installed
+from gantool.serving.answers import common_headers, header_value, request_id_from
 from gantool.serving.limits import error_body
 from gantool.serving.settings import ServeSettings
 
@@ -65,6 +66,7 @@ class GuardedProtocol(H11Protocol):
 
     max_header_bytes = 64 * 1024
     header_timeout = 30.0
+    cors_origins: tuple[str, ...] = ()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         set_nodelay(transport)
@@ -90,14 +92,18 @@ class GuardedProtocol(H11Protocol):
             else:  # an idle connection that never sent anything: just close it
                 self.transport.close()
 
-    def reply_and_close(self, status: int, message: str) -> None:
-        """A JSON answer written straight to the connection, which then closes."""
+    def reply_and_close(self, status: int, message: str, raw: bytes = b"") -> None:
+        """A JSON answer written straight to the connection, which then closes; it carries the
+        common headers too (the request ID and CORS read from ``raw``, the bytes received)."""
         body = error_body(message)
-        head = (
-            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nx-content-type-options: nosniff\r\nconnection: close\r\n\r\n"
-        )
-        self.transport.write(head.encode() + body)
+        present = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        present.append((b"connection", b"close"))
+        raw = b"\r\n" + (raw or self.conn.trailing_data[0])
+        request_id = request_id_from(header_value(raw, b"x-request-id"))
+        extra = common_headers(present, request_id, header_value(raw, b"origin"), self.cors_origins)
+        lines = "".join(f"{k.decode()}: {v.decode('latin-1')}\r\n" for k, v in [*present, *extra])
+        head = f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n{lines}\r\n"
+        self.transport.write(head.encode("latin-1") + body)
         self.transport.close()
 
     def data_received(self, data: bytes) -> None:
@@ -106,7 +112,7 @@ class GuardedProtocol(H11Protocol):
             end = buffered.find(b"\r\n\r\n")
             if (end < 0 and len(buffered) > self.max_header_bytes) or end > self.max_header_bytes:
                 self._disarm()
-                self.reply_and_close(431, f"the request headers are over {self.max_header_bytes // 1024} KB")
+                self.reply_and_close(431, f"the request headers are over {self.max_header_bytes // 1024} KB", buffered)
                 return
             self._arm()
         super().data_received(data)
@@ -126,7 +132,11 @@ def protocol_for(settings: ServeSettings) -> type[GuardedProtocol]:
     return type(
         "GantoolProtocol",
         (GuardedProtocol,),
-        {"max_header_bytes": settings.max_header_bytes, "header_timeout": settings.read_timeout},
+        {
+            "max_header_bytes": settings.max_header_bytes,
+            "header_timeout": settings.read_timeout,
+            "cors_origins": settings.cors_origins,
+        },  # fmt: skip
     )
 
 

@@ -82,6 +82,7 @@ class ServeSettings:
     max_blend_pixels: int = DEFAULT_MAX_BLEND_PIXELS
     release_memory_pixels: int = DEFAULT_SERVE_RELEASE_MEMORY_PIXELS
     allowed_hosts: tuple[str, ...] = field(default=())
+    access_log: str = "off"  # "text" or "json": one line per request on stderr (gantool.serving.answers)
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_queue < 1:
@@ -97,6 +98,7 @@ class ServeSettings:
         if self.release_memory_pixels < 0:
             raise InputError("--release-memory-pixels must be >= 0 (0: never)")
         check_choice("strategy", self.strategy, STRATEGIES)
+        check_choice("--access-log format", self.access_log, ("off", "text", "json"))
         check_api_key(self.api_key)
 
     @property

@@ -1,0 +1,233 @@
+"""Every answer the server can send carries the same headers: ``nosniff``, an ``X-Request-ID``
+(the client's valid one echoed, else a new one), and for an allowed ``Origin`` the CORS headers
+a page needs to read it; the access log writes one line per request; warnings name the request.
+A real server on a loopback port, raw sockets for the answers sent before the headers are parsed."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra is not installed")
+
+from gantool import Inpainter
+from gantool.serving import answers
+from gantool.serving.app import build_app
+from gantool.serving.settings import ServeSettings
+from inpaint_helpers import exported_model, textured_rgb  # noqa: F401 (fixture)
+from serve_helpers import (  # noqa: F401 (inpainter, gated: fixtures)
+    encode,
+    gated,
+    inpainter,
+    multipart,
+    raw_connect,
+    read_response,
+    running_server,
+    wait_ready,
+)
+
+ORIGIN = "http://app.example:3000"
+KEY = "s3cret"
+
+
+def _png_form(h: int = 32, w: int = 32, mask_hw: tuple[int, int] | None = None, **texts: str) -> tuple[bytes, str]:
+    mh, mw = mask_hw or (h, w)
+    mask = np.zeros((mh, mw), np.uint8)
+    mask[2:10, 2:10] = 255
+    fields = [("image", "i.png", encode(textured_rgb(h, w))), ("mask", "m.png", encode(mask))]
+    fields += [(name, None, value.encode()) for name, value in texts.items()]
+    return multipart(fields)
+
+
+def _request(method: str, path: str, body: bytes = b"", kind: str = "", headers: str = "", length: bool = True) -> bytes:
+    head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: {ORIGIN}\r\n"
+    if kind:
+        head += f"Content-Type: {kind}\r\n"
+    if length and method == "POST":
+        head += f"Content-Length: {len(body)}\r\n"
+    return (head + headers + "\r\n").encode() + body
+
+
+def _form_request(form: Callable[[], tuple[bytes, str]], extra: str = "") -> bytes:
+    body, kind = form()
+    return _request("POST", "/v1/inpaint", body, kind, f"Authorization: Bearer {KEY}\r\n{extra}")
+
+
+def _many_holes() -> tuple[bytes, str]:
+    mask = np.zeros((32, 32), np.uint8)
+    mask[::4, ::4] = 255  # 64 separate holes, over the fixture's --max-holes 8
+    return multipart([("image", "i.png", encode(textured_rgb(32, 32))), ("mask", "m.png", encode(mask))])
+
+
+# (expected status, the raw request). Each one is sent on a fresh connection.
+CASES: dict[str, tuple[int, Callable[[], bytes]]] = {
+    "200": (200, lambda: _form_request(_png_form)),
+    "200 get": (200, lambda: _request("GET", "/healthz")),
+    "400 bad image": (
+        400,
+        lambda: _form_request(lambda: multipart([("image", "i.png", b"not an image"), ("mask", "m.png", b"x")])),
+    ),
+    "401": (401, lambda: _request("POST", "/v1/inpaint", *_png_form())),
+    "403": (403, lambda: _request("GET", "/healthz").replace(ORIGIN.encode(), b"http://evil.example")),
+    "404": (404, lambda: _request("GET", "/nowhere")),
+    "405": (405, lambda: _request("GET", "/v1/inpaint", headers=f"Authorization: Bearer {KEY}\r\n")),
+    "411": (
+        411,
+        lambda: _request("POST", "/v1/inpaint", headers=f"Authorization: Bearer {KEY}\r\n", length=False).replace(
+            b"HTTP/1.1", b"HTTP/1.0", 1
+        ),
+    ),
+    "400 not a form": (
+        400,
+        lambda: _request("POST", "/v1/inpaint", b"x=1", "text/plain", f"Authorization: Bearer {KEY}\r\n"),
+    ),
+    "413": (413, lambda: _form_request(_many_holes)),  # over --max-holes
+    "422": (422, lambda: _form_request(lambda: _png_form(format="webp", h=4, w=16400))),
+    "431": (431, lambda: _request("GET", "/healthz", headers="X-Big: " + "a" * 5000 + "\r\n")),
+}
+
+
+@pytest.fixture(scope="module")
+def server(inpainter: Inpainter):
+    settings = ServeSettings(
+        api_key=KEY, cors_origins=(ORIGIN,), max_pixels=40_000_000, max_header_kb=4, read_timeout=1.0, max_holes=8
+    )
+    with running_server(build_app(inpainter, settings)) as (url, _):
+        wait_ready(url)
+        yield url
+
+
+def _send(url: str, raw: bytes, timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
+    sock = raw_connect(url)
+    try:
+        sock.sendall(raw)
+        return read_response(sock, timeout=timeout)
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_status_carries_the_common_headers(server: str, case: str) -> None:
+    expected, make = CASES[case]
+    status, headers, body = _send(server, make())
+    assert status == expected, (case, body[:300])
+    assert headers.get("x-content-type-options") == "nosniff", headers
+    assert re.fullmatch(r"[0-9a-f]{32}", headers.get("x-request-id", "")), headers
+    if status >= 400:
+        assert json.loads(body)["error"], body
+    if status == 403:  # a foreign page: no CORS headers for it
+        assert "access-control-allow-origin" not in headers
+    else:
+        # Before the fix 401, 413, 431 and 400 had no Access-Control-Allow-Origin: the page could not read why.
+        assert headers.get("access-control-allow-origin") == ORIGIN, (case, headers)
+        assert "x-request-id" in headers.get("access-control-expose-headers", "").lower(), headers
+
+
+@pytest.mark.parametrize("case", ["200", "401", "413", "431"])
+def test_a_valid_client_request_id_is_echoed_and_an_invalid_one_replaced(server: str, case: str) -> None:
+    _, make = CASES[case]
+    raw = make()
+    given = raw.replace(b"\r\nHost:", b"\r\nX-Request-ID: job-42.a:b\r\nHost:", 1)
+    assert _send(server, given)[1]["x-request-id"] == "job-42.a:b"
+    hostile = raw.replace(b"\r\nHost:", b"\r\nX-Request-ID: a b<script>\r\nHost:", 1)
+    replaced = _send(server, hostile)[1]["x-request-id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", replaced)
+
+
+def test_a_busy_server_answers_503_and_408_with_the_same_headers(inpainter: Inpainter, gated) -> None:
+    """The 503 of admission and the 408 of a silent client carry them too."""
+    settings = ServeSettings(max_queue=1, cors_origins=(ORIGIN,), read_timeout=1.0)
+    with running_server(build_app(inpainter, settings)) as (url, _):
+        wait_ready(url)
+        gated.gate.clear()
+        gated.entered.clear()
+        body, kind = _png_form()
+        first = raw_connect(url)
+        first.sendall(_request("POST", "/v1/inpaint", body, kind))
+        assert gated.entered.wait(30), "the first request never reached the model"
+        status, headers, _ = _send(url, _request("POST", "/v1/inpaint", body, kind))
+        assert status == 503 and headers["retry-after"] == "1"
+        assert headers["access-control-allow-origin"] == ORIGIN and headers["x-request-id"]
+        silent = raw_connect(url)
+        silent.sendall(_request("POST", "/v1/inpaint", body, kind)[: -len(body) // 2])
+        status, headers, _ = read_response(silent, timeout=10)
+        assert status == 408 and headers["access-control-allow-origin"] == ORIGIN and headers["x-request-id"]
+        silent.close()
+        gated.gate.set()
+        assert read_response(first, timeout=30)[0] == 200
+        first.close()
+
+
+def test_the_hole_count_is_in_the_answer_and_zero_says_no_hole(server: str) -> None:
+    status, headers, _ = _send(server, _form_request(_png_form))
+    assert status == 200 and headers["x-gantool-holes"] == "1"
+    empty = np.zeros((32, 32), np.uint8)
+    form = multipart([("image", "i.png", encode(textured_rgb(32, 32))), ("mask", "m.png", encode(empty))])
+    status, headers, _ = _send(server, _form_request(lambda: form))
+    assert status == 200 and headers["x-gantool-holes"] == "0"
+
+
+def test_the_access_log_writes_one_line_per_request(inpainter: Inpainter, monkeypatch) -> None:
+    stream = io.StringIO()
+    real = answers.AccessLog.__init__
+    monkeypatch.setattr(answers.AccessLog, "__init__", lambda self, fmt="off", s=None: real(self, fmt, stream))
+    with running_server(build_app(inpainter, ServeSettings(access_log="json", cors_origins=(ORIGIN,)))) as (url, _):
+        wait_ready(url)
+        stream.seek(0)
+        stream.truncate()
+        _send(url, _form_request(_png_form).replace(b"\r\nHost:", b"\r\nX-Request-ID: r-1\r\nHost:", 1))
+        _send(url, _request("GET", "/nowhere"))
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    done = {line["request_id"]: line for line in lines}
+    assert done["r-1"]["status"] == 200 and done["r-1"]["holes"] == 1 and done["r-1"]["path"] == "/v1/inpaint"
+    assert done["r-1"]["bytes_in"] > 0 and done["r-1"]["bytes_out"] > 0 and done["r-1"]["ms"] >= 0
+    assert any(line["status"] == 404 and line["path"] == "/nowhere" for line in lines)
+
+
+def test_a_warning_names_its_request(caplog) -> None:
+    import logging
+
+    answers.install_request_id_filter()
+    token = answers.request_id_var.set("req-7")
+    try:
+        logging.getLogger("gantool.core.processing").warning("blend: the hole covers more than 99 %")
+    finally:
+        answers.request_id_var.reset(token)
+    assert any(r.getMessage().startswith("[request req-7] blend:") for r in caplog.records), caplog.records
+
+
+@pytest.mark.parametrize(
+    "origin", ["http://localhost:{port}", "http://127.0.0.1:{port}/", "HTTP://127.0.0.1:{port}"]
+)
+def test_the_servers_own_page_is_one_origin_however_it_is_spelled(server: str, origin: str) -> None:
+    # Before the fix each was 403: Origin was compared as a string with "http://" + Host.
+    port = server.rsplit(":", 1)[1]
+    request = _request("GET", "/healthz").replace(b"Host: 127.0.0.1", f"Host: 127.0.0.1:{port}".encode())
+    assert _send(server, request.replace(ORIGIN.encode(), origin.format(port=port).encode()))[0] == 200
+    assert _send(server, request.replace(ORIGIN.encode(), b"http://localhost:1"))[0] == 403
+
+
+def test_a_mask_of_another_size_is_refused_from_the_headers(server: str, monkeypatch) -> None:
+    """A 6000 x 6000 1-bit mask (a few kB) with a 128 x 96 image: refused before either is decoded."""
+    # Before the fix the mask was decoded in full and its holes counted (2.5 s) before the sizes were compared.
+    from PIL import Image
+
+    from gantool.serving import app as app_module
+
+    def no_decode(*args, **kwargs):
+        raise AssertionError("the mask was decoded")
+
+    monkeypatch.setattr(app_module, "mask_to_array", no_decode)  # the server runs in this process
+    big = Image.new("1", (6000, 6000), 0)
+    buffer = io.BytesIO()
+    big.save(buffer, format="PNG")
+    assert len(buffer.getvalue()) < 100_000
+    form = multipart([("image", "i.png", encode(textured_rgb(96, 128))), ("mask", "m.png", buffer.getvalue())])
+    status, _, body = _send(server, _form_request(lambda: form))
+    assert status == 400, body
+    assert "6000x6000" in json.loads(body)["error"] and "128x96" in json.loads(body)["error"]
