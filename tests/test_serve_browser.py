@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,7 @@ def test_paint_inpaint_download_in_chromium(chromium: str, exported_model, subpr
             assert refused["status"] == 401
             page.wait_for_selector("#message:not([hidden])")
             assert "HTTP 401" in page.inner_text("#message") and "API key" in page.inner_text("#message")
+            assert re.search(r"request [0-9a-f]{32}", page.inner_text("#message"))  # the ID to quote to the admin
 
             page.fill("#api-key", API_KEY)
             page.dispatch_event("#api-key", "change")
@@ -158,6 +160,8 @@ def test_paint_inpaint_download_in_chromium(chromium: str, exported_model, subpr
             first = _inpaint_record(page, 2)
             assert first["status"] == 200 and first["strategy"] == "auto"
             page.wait_for_selector("#download:not(.disabled)")
+            page.wait_for_function("() => document.querySelector('#message').textContent.includes('Done')")
+            assert "1 hole filled" in page.inner_text("#message")  # the server's X-Gantool-Holes
             with page.expect_download() as download_info:
                 page.click("#download")
             download = download_info.value

@@ -326,9 +326,12 @@
       const response = await fetch("/v1/inpaint", { method: "POST", body: form, headers: authHeaders() });
       if (!response.ok) {
         if (response.status === 401) $("key-box").hidden = false;
-        showMessage(`Inpainting failed (HTTP ${response.status}): ${await errorText(response)}`);
+        const id = response.headers.get("X-Request-ID");
+        const said = await errorText(response);
+        showMessage(`Inpainting failed (HTTP ${response.status}${id ? `, request ${id}` : ""}): ${said}`);
         return;
       }
+      const holes = Number(response.headers.get("X-Gantool-Holes"));
       const result = await response.blob();
       if (generation !== state.generation) return; // another image was opened meanwhile
       const name = `${stemOf(image.name)}.inpainted.png`;
@@ -337,7 +340,12 @@
       $("download").download = name;
       await openImage(result, name, image); // inpaint again on the result; compare with `image`
       $("compare").value = 0;
-      showMessage("Done: drag Compare to see the image before, or paint again to inpaint the result.", "info");
+      if (holes === 0) {
+        showMessage("No hole was found in the mask: the image came back unchanged.", "info");
+      } else {
+        const filled = Number.isFinite(holes) && holes > 0 ? `${holes} hole${holes === 1 ? "" : "s"} filled. ` : "";
+        showMessage(`Done: ${filled}Drag Compare to see the image before, or paint again to inpaint the result.`, "info");
+      }
     } catch (e) {
       showMessage(`Inpainting failed: ${e.message}`);
     } finally {
