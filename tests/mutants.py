@@ -525,7 +525,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "relative_data_kept_relative",
         "training/loop.py",
-        "cfg = cfg.replace(data=str(Path(cfg.data).absolute()))",
+        'cfg = cfg.replace(data=str(Path(cfg.data).resolve()))  # absolute and normalised: no "sub/.."',
         "pass",
         ("test_train_faults.py::test_relative_data_is_recorded_absolute_and_resume_elsewhere_trains_on_it",),
     ),
@@ -838,9 +838,23 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "serve_origin_unchecked",
         "serving/limits.py",
-        "            if text != own and text not in self.origins:",
+        "            if key != own and key not in self.origin_keys:",
         "            if False:",
         (f"{HOSTILE}::test_host_and_origin_are_checked_before_any_work",),
+    ),
+    Mutant(
+        "export_stage_always_beside",
+        "core/fileio.py",
+        "    inside = target.is_dir()  # on the target's own filesystem either way (see the section's comment)",
+        "    inside = False",
+        ("test_export_filesystems.py::test_a_stage_for_an_existing_folder_lives_inside_it_and_is_absolute",),
+    ),
+    Mutant(
+        "serve_errors_without_cors",
+        "serving/answers.py",
+        "    extra += cors_headers(origin, allowed)",
+        "    pass",
+        ("test_serve_answers.py::test_every_status_carries_the_common_headers",),
     ),
     Mutant(
         "serve_departed_client_computed",
@@ -1247,6 +1261,8 @@ NOT_IN_CI = {
     "pt2_range_constraints_in_hash_order",
     "second_signal_still_checkpoints",
     "relative_data_kept_relative",
+    "export_stage_always_beside",
+    "serve_errors_without_cors",
     "data_change_not_refused",
     "run_inside_run_allowed",
     "untrained_folder_left_behind",
