@@ -156,11 +156,18 @@ def check_export_folder(folder: str | Path) -> None:
     exported = "report" in files or sum(ARTIFACT[key].backend is not None for key in files) > 1
     ids: dict[str, str] = {}
     hashes: dict[str, str] = {}
-    for path in files.values():
+    for key, path in files.items():
         try:
             meta = gantool_metadata(path)
         except ModelError:
             continue
+        recorded, role = (meta or {}).get(META_PRECISION), ARTIFACT[key].precision
+        if recorded and role and recorded != role:  # a renamed file: the name would run it as another precision
+            holder = next(
+                (a.filename for a in ARTIFACTS if a.kind == ARTIFACT[key].kind and a.precision == recorded), None
+            )
+            back = f"; its own name is {holder}" if holder else ""
+            raise ModelError(f"{path} records precision {recorded}, but {path.name} is the {role} model's name{back}")
         if meta is None:
             if exported:
                 raise ModelError(
@@ -314,7 +321,12 @@ def resolve_model(model: str | Path | None, backend: str = "auto", precision: st
                 if c.name != LAST_CHECKPOINT
             )
         )
-        raise ModelError(f"no model in {path}: expected {expected} (from `gantool export`)")
+        others = sorted(
+            {c.name for name in BACKENDS for c in _folder_candidates(path, name, "int8") + _folder_candidates(path, name, "fp16")
+             if c.is_file() and c.name != LAST_CHECKPOINT}
+        )  # fmt: skip
+        held = f"; it holds {', '.join(others)} (ask for it with --precision or --backend)" if others else ""
+        raise ModelError(f"no model in {path}: expected {expected} (from `gantool export`){held}")
     if not path.is_file():
         raise InputError(f"not a regular file: {path}")
     if path.name in TABLE_NAMES:
