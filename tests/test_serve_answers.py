@@ -231,3 +231,65 @@ def test_a_mask_of_another_size_is_refused_from_the_headers(server: str, monkeyp
     status, _, body = _send(server, _form_request(lambda: form))
     assert status == 400, body
     assert "6000x6000" in json.loads(body)["error"] and "128x96" in json.loads(body)["error"]
+
+
+def test_a_blank_api_key_in_the_environment_is_named_as_such(monkeypatch) -> None:
+    # Before the fix an all-blank GANTOOL_API_KEY was reported as "--api-key has spaces around it".
+    from click.testing import CliRunner
+
+    from gantool.cli import cli
+
+    result = CliRunner().invoke(cli, ["serve", "--port", "0"], env={"GANTOOL_API_KEY": "   "})
+    assert result.exit_code == 1 and "GANTOOL_API_KEY is blank" in result.output, result.output
+    result = CliRunner().invoke(cli, ["serve", "--port", "0", "--api-key", " k "])
+    assert result.exit_code == 1 and "--api-key has spaces around it" in result.output, result.output
+
+
+def test_a_websocket_upgrade_is_answered_as_http_without_a_warning(server: str) -> None:
+    # Before the fix each attempt logged uvicorn's "No supported WebSocket library detected".
+    raw = _request("GET", "/healthz", headers="Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n")
+    import logging
+
+    records: list[logging.LogRecord] = []
+    catcher = logging.Handler()
+    catcher.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("uvicorn.error").addHandler(catcher)  # uvicorn's loggers do not propagate
+    try:
+        status, headers, _ = _send(server, raw)
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(catcher)
+    assert status == 200 and headers["x-request-id"]
+    assert not [r for r in records if "WebSocket" in r.getMessage() or "upgrade" in r.getMessage()], records
+
+
+def test_a_short_shutdown_timeout_is_kept_and_its_cut_off_said_in_gantools_words(inpainter, gated) -> None:
+    # Before the fix 0.5 s was rounded up to 1 s, and uvicorn logged "ERROR: Cancel 1 running task(s)".
+    from gantool.serving.server import make_server
+
+    settings = ServeSettings(shutdown_timeout=0.5)
+    app = build_app(inpainter, settings)
+    assert make_server(app, settings).config.timeout_graceful_shutdown == 0.5
+    import logging
+
+    records: list[logging.LogRecord] = []
+    catcher = logging.Handler()
+    catcher.emit = records.append  # type: ignore[method-assign]
+    with running_server(app) as (url, server_object):
+        wait_ready(url)
+        # After the server's start: its logging config resets this logger's handlers; it does not propagate.
+        logging.getLogger("uvicorn.error").addHandler(catcher)
+        gated.gate.clear()
+        gated.entered.clear()
+        body, kind = _png_form()
+        running = raw_connect(url)
+        running.sendall(_request("POST", "/v1/inpaint", body, kind).replace(ORIGIN.encode(), b"http://127.0.0.1"))
+        assert gated.entered.wait(30)
+        server_object.should_exit = True  # what the first signal does
+        status, _, answer = read_response(running, timeout=30)
+        running.close()
+        gated.gate.set()
+    assert status == 503 and json.loads(answer)["error"] == "the server is shutting down"
+    logging.getLogger("uvicorn.error").removeHandler(catcher)
+    said = [(r.levelname, r.getMessage()) for r in records]
+    assert ("WARNING", "shutdown: 1 running request(s) answered 503 at the end of --shutdown-timeout") in said, said
+    assert not [line for line in said if line[0] == "ERROR"], said

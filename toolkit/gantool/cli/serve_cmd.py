@@ -214,8 +214,10 @@ def serve(
     from gantool import Inpainter
     from gantool.serving.app import build_app
     from gantool.serving.server import bind_socket, run_server, url_of
-    from gantool.serving.settings import ServeSettings, default_allowed_hosts, is_loopback
+    from gantool.serving.settings import ServeSettings, check_api_key, default_allowed_hosts, is_loopback
 
+    source = click.get_current_context().get_parameter_source("api_key")
+    check_api_key(api_key, "GANTOOL_API_KEY" if source == click.core.ParameterSource.ENVIRONMENT else "--api-key")
     settings = ServeSettings(
         max_batch=max_batch,
         batch_wait_ms=batch_wait_ms,

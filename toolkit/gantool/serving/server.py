@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -22,7 +23,7 @@ import sys
 from collections.abc import Callable, Generator
 from http import HTTPStatus
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 import h11
 import uvicorn
@@ -123,6 +124,11 @@ class GuardedProtocol(H11Protocol):
         self._disarm()
         super().connection_lost(exc)
 
+    def _unsupported_upgrade_warning(self) -> None:
+        # An Upgrade (WebSocket, h2c) is answered as plain HTTP; uvicorn's warning about a missing
+        # WebSocket library at every attempt would only fill the log (gantool serves no WebSocket).
+        pass
+
     def send_400_response(self, msg: str) -> None:
         self.reply_and_close(400, "malformed HTTP request (headers, or a body longer than its Content-Length)")
 
@@ -140,11 +146,29 @@ def protocol_for(settings: ServeSettings) -> type[GuardedProtocol]:
     )
 
 
+class _ShutdownCutOff(logging.Filter):
+    """uvicorn logs ``ERROR: Cancel N running task(s)`` when --shutdown-timeout ends running requests,
+    which is the designed shutdown (they are answered 503): say so as a warning, in gantool's words."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith("Cancel %s running task(s)"):
+            record.msg = "shutdown: %s running request(s) answered 503 at the end of --shutdown-timeout"
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def _install_shutdown_filter() -> None:
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _ShutdownCutOff) for f in logger.filters):
+        logger.addFilter(_ShutdownCutOff())
+
+
 class GantoolServer(uvicorn.Server):
     """uvicorn's server with gantool's signals: see the module docstring."""
 
     def __init__(self, config: uvicorn.Config, on_stop: Callable[[], None], notify: Callable[[str], None]) -> None:
         super().__init__(config)
+        _install_shutdown_filter()
         self.on_stop = on_stop
         self.notify = notify
         self.signal_received: int | None = None
@@ -189,7 +213,8 @@ def make_server(
         log_level="warning",
         access_log=False,
         lifespan="on",
-        timeout_graceful_shutdown=int(settings.shutdown_timeout + 0.999),
+        # A float works (asyncio.wait_for): 0.5 s is 0.5 s, not rounded up to 1 s as int() would.
+        timeout_graceful_shutdown=cast(int, settings.shutdown_timeout),
         h11_max_incomplete_event_size=2 * settings.max_header_bytes,  # a backstop behind the 431
     )
     return GantoolServer(config, getattr(app.state, "begin_shutdown", lambda: None), notify or (lambda _: None))

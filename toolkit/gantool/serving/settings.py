@@ -46,14 +46,17 @@ def default_allowed_hosts(host: str) -> tuple[str, ...]:
     return tuple(sorted({host, "localhost"}))
 
 
-def check_api_key(key: str | None) -> str | None:
-    """The key, or InputError: one that no client could send the same way is refused at start."""
+def check_api_key(key: str | None, name: str = "--api-key") -> str | None:
+    """The key, or InputError naming where it came from (``name``: the option, or the variable
+    GANTOOL_API_KEY): one that no client could send the same way is refused at start."""
     if key is None or key == "":
         return None
+    if not key.strip():
+        raise InputError(f"{name} is blank: set a key, or leave it unset for no key")
     if key != key.strip():
-        raise InputError("--api-key has spaces around it: no client could send it (HTTP strips them); remove them")
+        raise InputError(f"{name} has spaces around it: no client could send it (HTTP strips them); remove them")
     if not key.isascii() or not key.isprintable():
-        raise InputError("--api-key must be printable ASCII: browsers cannot send other characters in a header")
+        raise InputError(f"{name} must be printable ASCII: browsers cannot send other characters in a header")
     return key
 
 
