@@ -33,7 +33,7 @@ def _with_precision(source: Path, target: Path, precision: str) -> Path:
     ("name", "recorded", "role"),
     [("generator.onnx", "int8", "fp32"), ("generator_int8.onnx", "fp16", "int8"), ("generator_fp16.onnx", "int8", "fp16")],
 )
-def test_a_renamed_model_file_is_refused_naming_the_mismatch(exported_model, tmp_path, name, recorded, role):  # noqa: F811
+def test_a_renamed_model_file_is_refused_naming_the_mismatch(exported_model, tmp_path, name, recorded, role):
     # Before the fix an int8 file named generator.onnx ran under --precision fp32 as "int8 (as requested)".
     folder = tmp_path / "m"
     folder.mkdir()
@@ -52,7 +52,7 @@ def test_a_renamed_model_file_is_refused_naming_the_mismatch(exported_model, tmp
     assert f"records precision {recorded}" in result.output and not (tmp_path / "out.png").exists()
 
 
-def test_a_folder_with_only_another_precision_names_the_file_it_has(exported_model, tmp_path):  # noqa: F811
+def test_a_folder_with_only_another_precision_names_the_file_it_has(exported_model, tmp_path):
     # Before the fix: "no model in ...: expected generator.onnx or ..." without naming the int8 file there.
     folder = tmp_path / "only_int8"
     folder.mkdir()
@@ -62,7 +62,7 @@ def test_a_folder_with_only_another_precision_names_the_file_it_has(exported_mod
     assert resolve_model(folder, "auto", "int8")[0].name == "generator_int8.onnx"
 
 
-def test_files_in_their_own_roles_open(exported_model, tmp_path):  # noqa: F811
+def test_files_in_their_own_roles_open(exported_model, tmp_path):
     folder = tmp_path / "copy"
     shutil.copytree(exported_model.folder, folder)
     for precision, name in (("fp32", "generator.onnx"), ("fp16", "generator_fp16.onnx")):
