@@ -183,6 +183,25 @@ def test_sixteen_bit_colour_decoded_as_eight_bit_is_refused(tmp_path: Path) -> N
     assert read_image(tmp_path / "deep.png").mode == "RGB"  # reading for other uses still works
 
 
+def test_sixteen_bit_grey_with_alpha_is_called_what_it_is(tmp_path: Path) -> None:
+    # Before the fix a 16-bit grey+alpha PNG was refused as "a 16-bit colour image".
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = b"".join(b"\x00" + b"\x12\x34\xff\xff" * 6 for _ in range(5))  # 6 x 5, grey 0x1234, opaque
+    header = struct.pack(">IIBBBBB", 6, 5, 16, 4, 0, 0, 0)  # bit depth 16, colour type 4: grey + alpha
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+    (tmp_path / "la16.png").write_bytes(png)
+    if Image.open(tmp_path / "la16.png").mode not in ("RGB", "RGBA"):
+        pytest.skip("this Pillow decodes 16-bit grey+alpha natively")
+    with pytest.raises(InputError, match="a 16-bit grey image with an alpha channel") as refused:
+        read_image(tmp_path / "la16.png", lossless=True)
+    assert "colour" not in str(refused.value)
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
 def test_a_fifo_is_not_a_regular_file(tmp_path: Path) -> None:
     fifo = tmp_path / "pipe.png"

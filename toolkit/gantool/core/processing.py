@@ -17,9 +17,7 @@ threshold, padding and compositing are defined once:
 from __future__ import annotations
 
 import logging
-import struct
 import warnings
-import zlib
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -30,18 +28,13 @@ from gantool.core.config import NETWORK_STRIDE, ModelConfig
 from gantool.core.constants import BLEND_MODES, DECODE_FORMATS
 from gantool.core.errors import InputError, SizeLimitError, check_choice, first_line
 from gantool.core.mask_input import _is_high_bit, alpha_hole_mask, mask_to_array
+from gantool.core.png import save_png as save_png  # re-exported: processing is the one place
 
 __all__ = ["alpha_hole_mask", "mask_to_array"]  # the mask rule lives in mask_input; re-exported here
 
 log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
-# PNG outputs are written for speed, losslessly: zlib level 1 with the Z_RLE strategy after
-# the cheap row filters (none/sub/up), through libpng (OpenCV). On a 512 px photo here that is
-# about 14-20 ms against 28-40 ms for Pillow at level 1 (Pillow tries all five filters per row),
-# for files within a few percent of the same size; a 512 px noisy image: 11 ms against 37 ms.
-PNG_COMPRESS_LEVEL = 1
-PNG_ZLIB_STRATEGY = 3  # Z_RLE
 MASK_CONVENTION = (
     "1 = hole (mask pixel > half its range, 127 for 8-bit; a mask image whose maximum is 1 is 0/1); 0 = known"
 )
@@ -70,34 +63,6 @@ def processing_contract(config: ModelConfig) -> dict[str, Any]:
 # --------------------------------------------------------------------------- reading
 
 
-def save_png(image: Image.Image, target: str | Path | BinaryIO) -> None:
-    """``image`` as PNG into ``target`` (a path or a binary file): lossless, encoded for speed.
-
-    8-bit RGB, RGBA and grey, and 16-bit grey, go through libpng (OpenCV) with
-    the settings above; any other mode (or no OpenCV) through Pillow.
-    """
-    icc = image.info.get("icc_profile")
-    encoded = _encode_png_fast(image)
-    if encoded is None:
-        extra = {"icc_profile": icc} if icc else {}
-        image.save(target, format="PNG", compress_level=PNG_COMPRESS_LEVEL, compress_type=PNG_ZLIB_STRATEGY, **extra)
-        return
-    if icc:
-        encoded = _with_icc_chunk(encoded, icc)
-    if isinstance(target, (str, Path)):
-        Path(target).write_bytes(encoded)
-    else:
-        target.write(encoded)
-
-
-def _with_icc_chunk(png: bytes, icc: bytes) -> bytes:
-    """``png`` with an iCCP chunk (the colour profile) right after IHDR, where the PNG spec puts it."""
-    body = b"iCCP" + b"ICC Profile\0\0" + zlib.compress(icc)  # name, NUL, compression method 0
-    chunk = struct.pack(">I", len(body) - 4) + body + struct.pack(">I", zlib.crc32(body))
-    ihdr_end = 8 + 4 + 4 + 13 + 4  # signature, then IHDR's length, type, 13 bytes of data, CRC
-    return png[:ihdr_end] + chunk + png[ihdr_end:]
-
-
 def keep_colour_profile(source: Image.Image, result: Image.Image) -> Image.Image:
     """``result`` carrying ``source``'s ICC profile when the profile still describes its pixels:
     an RGB or grey source written in its own family (a CMYK profile does not fit RGB output)."""
@@ -111,25 +76,6 @@ def keep_colour_profile(source: Image.Image, result: Image.Image) -> Image.Image
 
 
 _RGB_FAMILY = ("RGB", "RGBA", "RGBa", "RGBX", "P", "PA")
-
-
-def _encode_png_fast(image: Image.Image) -> bytes | None:
-    try:
-        import cv2  # a core dependency; only a broken install lacks it
-    except ImportError:
-        return None
-    if image.mode in ("RGB", "RGBA", "L"):
-        pixels = np.asarray(image)
-        if image.mode != "L":  # OpenCV writes BGR(A)
-            pixels = cv2.cvtColor(pixels, cv2.COLOR_RGB2BGR if image.mode == "RGB" else cv2.COLOR_RGBA2BGRA)
-    elif image.mode == "I;16":
-        pixels = np.asarray(image).astype(np.uint16, copy=False)
-    else:
-        return None
-    params = [cv2.IMWRITE_PNG_COMPRESSION, PNG_COMPRESS_LEVEL, cv2.IMWRITE_PNG_STRATEGY, PNG_ZLIB_STRATEGY]
-    params += [cv2.IMWRITE_PNG_FILTER, cv2.IMWRITE_PNG_FAST_FILTERS] if hasattr(cv2, "IMWRITE_PNG_FILTER") else []
-    ok, encoded = cv2.imencode(".png", pixels, params)
-    return encoded.tobytes() if ok else None
 
 
 def read_image(
@@ -176,6 +122,12 @@ def read_image(
                         "images only: extract the frames first (e.g. ffmpeg -i in.gif frame%03d.png)"
                     )
                 if lossless and _decodes_16bit_colour_as_8bit(img):
+                    if _raw_mode(img).startswith("LA"):  # grey + alpha: Pillow decodes it as 8-bit RGBA
+                        raise InputError(
+                            f"{what}: a 16-bit grey image with an alpha channel, which Pillow decodes as 8-bit; "
+                            "the written known pixels would lose precision (drop the alpha channel for 16-bit "
+                            "grey, or convert it to 8-bit first)"
+                        )
                     raise InputError(
                         f"{what}: a 16-bit colour image, which Pillow decodes as 8-bit; the written known pixels "
                         "would lose precision (convert it to 8-bit colour or 16-bit grey first)"
@@ -216,14 +168,19 @@ def allow_pixels(count: int) -> None:
         Image.MAX_IMAGE_PIXELS = (count + 1) // 2
 
 
-def _decodes_16bit_colour_as_8bit(img: Image.Image) -> bool:
-    """A 16-bit RGB(A) file that this Pillow decodes to 8-bit RGB(A) (seen from the raw mode)."""
+def _raw_mode(img: Image.Image) -> str:
+    """The decoder's raw mode (``RGB;16B``, ``LA;16B``...), before load(); "" when not known."""
     tile = getattr(img, "tile", None)  # ImageFile only: what the decoder will read, before load()
-    if img.mode not in ("RGB", "RGBA") or not tile:
-        return False
+    if not tile:
+        return ""
     args = tile[0].args
     rawmode = args if isinstance(args, str) else (args[0] if isinstance(args, tuple) and args else "")
-    return isinstance(rawmode, str) and ";16" in rawmode
+    return rawmode if isinstance(rawmode, str) else ""
+
+
+def _decodes_16bit_colour_as_8bit(img: Image.Image) -> bool:
+    """A 16-bit RGB(A) or grey+alpha file that this Pillow decodes to 8-bit RGB(A) (seen from the raw mode)."""
+    return img.mode in ("RGB", "RGBA") and ";16" in _raw_mode(img)
 
 
 def check_lossless(img: Image.Image, name: str = "image") -> Image.Image:
