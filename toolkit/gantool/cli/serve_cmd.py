@@ -216,8 +216,7 @@ def serve(
     from gantool.serving.server import bind_socket, run_server, url_of
     from gantool.serving.settings import ServeSettings, check_api_key, default_allowed_hosts, is_loopback
 
-    source = click.get_current_context().get_parameter_source("api_key")
-    check_api_key(api_key, "GANTOOL_API_KEY" if source == click.core.ParameterSource.ENVIRONMENT else "--api-key")
+    check_api_key(api_key, _api_key_source())
     settings = ServeSettings(
         max_batch=max_batch,
         batch_wait_ms=batch_wait_ms,
@@ -262,3 +261,9 @@ def serve(
     if stopped_by is not None:
         click.echo("stopped", err=True)
         exit_stopped(128 + stopped_by)  # 130 for SIGINT, 143 for SIGTERM, as a shell reports
+
+
+def _api_key_source() -> str:
+    """How the key was given, for its messages: the option, or the environment variable."""
+    source = click.get_current_context().get_parameter_source("api_key")
+    return "GANTOOL_API_KEY" if source == click.core.ParameterSource.ENVIRONMENT else "--api-key"
