@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from gantool.cli import cli
+from gantool.core.config import read_toml
 from glcic_oracle import make_model_cn, write_glcic_files
 from tiny import TINY_MODEL_ARGS
 
@@ -69,7 +69,7 @@ def test_every_path_option_works_relative_to_another_directory(tree: tuple[Path,
     # train: --data, --out, --config; then --resume (a run folder) and --init-from (a checkpoint)
     _ok("train", "--data", p / "data", "--out", p / "runs" / "a", "--config", p / "train.toml", *tiny,
         "--steps-g", "1", "--steps-joint", "0")  # fmt: skip
-    config = tomllib.loads((real / "runs" / "a" / "config.toml").read_text(encoding="utf-8"))
+    config = read_toml(real / "runs" / "a" / "config.toml")
     assert config["data"] == str((real / "data").resolve()), config["data"]  # absolute, normalised
     _ok("train", "--resume", p / "runs" / "a", "--steps-joint", "1", "--quiet")
     state = torch.load(real / "runs" / "a" / "checkpoints" / "last.pt", weights_only=True)
