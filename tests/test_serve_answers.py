@@ -293,3 +293,26 @@ def test_a_short_shutdown_timeout_is_kept_and_its_cut_off_said_in_gantools_words
     said = [(r.levelname, r.getMessage()) for r in records]
     assert ("WARNING", "shutdown: 1 running request(s) answered 503 at the end of --shutdown-timeout") in said, said
     assert not [line for line in said if line[0] == "ERROR"], said
+
+
+def test_a_part_header_too_long_says_why(server: str) -> None:
+    # Before the fix a 5000-character file name got "Invalid multipart data.".
+    form = multipart([("image", "x" * 5000 + ".png", encode(textured_rgb(32, 32)))])
+    status, _, body = _send(server, _form_request(lambda: form))
+    error = json.loads(body)["error"]
+    assert status == 400 and "Maximum header size exceeded" in error and "file name" in error, error
+
+
+@pytest.mark.parametrize(
+    ("case", "needle"),
+    [("many boxes", "Too many fields"), ("empty mask part", "mask"), ("empty strategy", "strategy")],
+)
+def test_the_documented_form_limits_hold(server: str, case: str, needle: str) -> None:
+    image = ("image", "i.png", encode(textured_rgb(32, 32)))
+    fields = {
+        "many boxes": [image, *[("boxes", None, b"1,1,2,2")] * 257],
+        "empty mask part": [image, ("mask", "", b"")],
+        "empty strategy": [image, ("boxes", None, b"1,1,4,4"), ("strategy", None, b"")],
+    }[case]
+    status, _, body = _send(server, _form_request(lambda: multipart(fields)))
+    assert status == 400 and needle in json.loads(body)["error"], body

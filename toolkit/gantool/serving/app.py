@@ -186,6 +186,10 @@ def encode_image(image: Image.Image, fmt: str) -> bytes:
 # ---------------------------------------------------------------------------- the form
 
 
+MAX_FORM_FIELDS = 256  # 999 `boxes` are refused "Too many fields" (400); docs/serving.md lists it
+MULTIPART_HEADER_BYTES = 4096 + 128  # python-multipart's limit on one header line of a part
+
+
 def _boundary(request: Request) -> bytes:
     kind, _, params = request.headers.get("content-type", "").partition(";")
     if kind.strip().lower() != "multipart/form-data":
@@ -207,7 +211,16 @@ async def read_form(request: Request) -> tuple[dict[str, UploadFile], dict[str, 
     body = await request.body()  # already read in full by the guard
     if not body.rstrip(b"\r\n").endswith(b"--" + boundary + b"--"):
         raise InputError("the multipart body is incomplete (no closing boundary): the upload was cut short")
-    form = await request.form(max_files=len(FILE_FIELDS) + 1, max_fields=256)
+    try:
+        form = await request.form(max_files=len(FILE_FIELDS) + 1, max_fields=MAX_FORM_FIELDS)
+    except StarletteHTTPException as e:  # Starlette says "Invalid multipart data."; its parser's cause says why
+        parser_error = getattr(e.__context__, "__cause__", None)
+        if parser_error is None:
+            raise
+        why = first_line(parser_error)
+        if "header size" in why:
+            why += f" (a part's header line, its file name included, is over {MULTIPART_HEADER_BYTES} bytes)"
+        raise InputError(f"the multipart body is malformed: {why}") from None
     files: dict[str, UploadFile] = {}
     texts: dict[str, list[str]] = {}
     for name, value in form.multi_items():
