@@ -316,3 +316,39 @@ def test_the_documented_form_limits_hold(server: str, case: str, needle: str) ->
     }[case]
     status, _, body = _send(server, _form_request(lambda: multipart(fields)))
     assert status == 400 and needle in json.loads(body)["error"], body
+
+
+def test_the_crafted_upload_benchmark_measures_every_case(inpainter: Inpainter) -> None:
+    from gantool.tools.bench_crafted import CRAFTED_MAX_BYTES, bench_serve_crafted
+
+    with running_server(build_app(inpainter, ServeSettings())) as (url, _):  # the default limits
+        result = bench_serve_crafted([url], rounds=1, timeout_s=300)
+    status = {row["case"]: row["status"] for row in result["rows"]}
+    assert status == {
+        "mask 6000x6000 (1-bit) for an image of 128x96": "400",
+        "image and mask 6000x6000 (1-bit), strategy=full": "413",
+        "mask of 250,000 one-pixel holes (2000x2000, 1-bit)": "413",
+        "image 20000x1, format=webp": "422",
+        "image header 10000x10000 (over --max-pixels)": "413",
+        "PNG header 1x200000, 4 rows of data": "200",
+    }, status
+    assert all(row["bytes"] < CRAFTED_MAX_BYTES and row["median_ms"] > 0 for row in result["rows"])
+    assert set(result["goal"]) == {"max_refused_median_ms", "measured", "met"}
+
+
+def test_a_full_strategy_over_the_model_pixels_is_refused_from_the_header(server: str, monkeypatch) -> None:
+    # Before the fix both 6000 x 6000 files (16 kB) were decoded in full (1.3 s) before the cost check's 413.
+    from PIL import Image
+
+    from gantool.serving import app as app_module
+
+    def no_decode(*args, **kwargs):
+        raise AssertionError("an upload was decoded")
+
+    monkeypatch.setattr(app_module, "read_image", no_decode)
+    big = io.BytesIO()
+    Image.new("1", (6000, 6000), 0).save(big, format="PNG")
+    form = multipart([("image", "i.png", big.getvalue()), ("mask", "m.png", big.getvalue()), ("strategy", None, b"full")])
+    status, _, body = _send(server, _form_request(lambda: form))
+    assert status == 413, body
+    assert "over --max-model-pixels" in json.loads(body)["error"] and "36000000" in json.loads(body)["error"]

@@ -87,3 +87,9 @@ batch_wait_option = click.option(
     show_default=True,
     help="How long the first request waits for others to batch with.",
 )
+
+
+def echo_table(header: list[str], rows: list[list[str]]) -> None:
+    """Print a markdown table (the benchmarks' output)."""
+    for cells in [header, ["---"] * len(header), *rows]:
+        click.echo("| " + " | ".join(cells) + " |")

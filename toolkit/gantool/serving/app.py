@@ -55,6 +55,12 @@ from gantool.inference.inpainter import (
 from gantool.runtime.memory import trim_heap
 from gantool.serving.answers import EXPOSED_HEADERS, HOLES_HEADER, REQUEST_ID_HEADER, install_request_id_filter
 from gantool.serving.batcher import Batcher, QueueFullError
+from gantool.serving.checks import (
+    UnsupportedOutput,
+    check_full_strategy_from_header,
+    check_header_sizes,
+    check_output_format,
+)
 from gantool.serving.limits import Counters, Guard
 from gantool.serving.settings import INPAINT_PATH, ServeSettings
 
@@ -117,53 +123,6 @@ def decode_request(
     except Exception as e:  # a decoder's own error on a malformed upload is still bad input
         raise InputError(f"cannot decode the upload: {first_line(e)}") from None
     return image, (np.maximum.reduce(parts) if len(parts) > 1 else parts[0])
-
-
-def _header_size(file: BinaryIO) -> tuple[int, int] | None:
-    """An upload's stored width and height from its header alone (None when unreadable: the
-    decoder then says why). The file is left at its start."""
-    try:
-        with Image.open(file) as img:
-            return img.size
-    except Exception:
-        return None
-    finally:
-        file.seek(0)
-
-
-def check_header_sizes(image_file: BinaryIO, mask_file: BinaryIO, max_pixels: int) -> None:
-    """Refuse a mask whose size cannot match the image's, from both headers, before either is
-    decoded (a 16 kB 1-bit mask of 6000 x 6000 decodes for seconds). Either orientation passes
-    here (EXIF may turn one); the decoded sizes are compared exactly later. An upload over
-    ``max_pixels`` is left to the decoder's 413, which names that limit."""
-    image, mask = _header_size(image_file), _header_size(mask_file)
-    over = any(size is not None and size[0] * size[1] > max_pixels for size in (image, mask))
-    if not over and image is not None and mask is not None and mask not in (image, image[::-1]):
-        raise InputError(
-            f"the uploaded mask is {mask[0]}x{mask[1]} but the uploaded image is {image[0]}x{image[1]} "
-            "(masks must match the displayed image size; no resizing)"
-        )
-
-
-WEBP_MAX_SIDE = 16383  # libwebp's limit on either side
-
-
-def check_output_format(image: Image.Image, fmt: str) -> None:
-    """What the answer's format cannot hold, refused before the model runs (422: the request is
-    well formed, the format cannot carry this image)."""
-    if fmt != "webp":
-        return
-    if image.mode == "I;16":
-        raise UnsupportedOutput("WebP cannot hold a 16-bit image: ask for format=png")
-    if max(image.size) > WEBP_MAX_SIDE:
-        raise UnsupportedOutput(
-            f"WebP holds at most {WEBP_MAX_SIDE} pixels a side and this image is {image.width}x{image.height}: "
-            "ask for format=png"
-        )
-
-
-class UnsupportedOutput(InputError):
-    """The image is fine; the asked-for output format cannot hold it (422)."""
 
 
 def finish_and_encode(image: Image.Image, mask: np.ndarray, fills: ModelFills, blend: str, fmt: str) -> bytes:
@@ -453,6 +412,10 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
             check_choice("blend", blend, BLEND_MODES)
             check_choice("format", output_format, tuple(info["formats"]))
             mask = files.get("mask")
+            await run_in_threadpool(
+                check_full_strategy_from_header,
+                files["image"].file, strategy, backend.size_multiple, settings.max_model_pixels,
+            )  # fmt: skip
             decoded, holes = await run_in_threadpool(
                 decode_request,
                 files["image"].file,
