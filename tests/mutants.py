@@ -727,8 +727,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "pt2_written_by_torchs_cpp_writer",
         "export/formats.py",
-        "        torch.export.save(program, buffer, extra_files={PT2_METADATA_ENTRY: json.dumps(metadata)})",
-        "        torch.export.save(program, str(path), extra_files={PT2_METADATA_ENTRY: json.dumps(metadata)})\n"
+        "        torch.export.save(program, buffer, extra_files={PT2_METADATA_ENTRY: json.dumps(own)})",
+        "        torch.export.save(program, str(path), extra_files={PT2_METADATA_ENTRY: json.dumps(own)})\n"
         "        buffer.write(path.read_bytes())",
         (f"{ATOMIC}::test_a_write_the_kernel_refuses_half_way_is_one_line_not_an_abort[--pt2-generator.pt2]",),
         ci=False,
@@ -841,6 +841,13 @@ MUTANTS: list[Mutant] = [
         "            if key != own and key not in self.origin_keys:",
         "            if False:",
         (f"{HOSTILE}::test_host_and_origin_are_checked_before_any_work",),
+    ),
+    Mutant(
+        "pt2_weights_hash_trusted",
+        "runtime/backends.py",
+        "        check_program_weights(path, program, metadata)\n",
+        "",
+        ("test_model_roles.py::test_a_pt2_whose_recorded_ids_were_edited_still_cannot_run_other_weights",),
     ),
     Mutant(
         "export_stage_always_beside",
@@ -1263,6 +1270,7 @@ NOT_IN_CI = {
     "relative_data_kept_relative",
     "export_stage_always_beside",
     "serve_errors_without_cors",
+    "pt2_weights_hash_trusted",
     "data_change_not_refused",
     "run_inside_run_allowed",
     "untrained_folder_left_behind",

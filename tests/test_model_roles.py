@@ -67,3 +67,54 @@ def test_files_in_their_own_roles_open(exported_model, tmp_path):
     shutil.copytree(exported_model.folder, folder)
     for precision, name in (("fp32", "generator.onnx"), ("fp16", "generator_fp16.onnx")):
         assert resolve_model(folder, "onnx", precision)[0].name == name
+
+
+def _edit_pt2(source: Path, target: Path, weights_from: Path) -> None:
+    """``weights_from``'s program saved as ``target`` with ``source``'s metadata (ids and hashes)."""
+    import json
+
+    import torch
+
+    from gantool.core.artifacts import PT2_METADATA_ENTRY
+
+    extra = {PT2_METADATA_ENTRY: ""}
+    with open(source, "rb") as f:
+        torch.export.load(f, extra_files=extra)
+    with open(weights_from, "rb") as f:
+        program = torch.export.load(f)
+    torch.export.save(program, target, extra_files={PT2_METADATA_ENTRY: extra[PT2_METADATA_ENTRY]})
+    assert json.loads(extra[PT2_METADATA_ENTRY])["gantool.export_id"]
+
+
+def test_a_pt2_whose_recorded_ids_were_edited_still_cannot_run_other_weights(checkpoint_factory, tmp_path):
+    # Before the fix the recorded hash was trusted: another model's .pt2 with this folder's ids ran.
+    from gantool.core.errors import GantoolError
+    from gantool.export.exporter import export_generator
+    from gantool.runtime.backends import load_backend
+
+    ours = export_generator(checkpoint_factory("random", seed=1), tmp_path / "ours", formats=("pt2",), verify=False)
+    theirs = export_generator(checkpoint_factory("random", seed=2), tmp_path / "theirs", formats=("pt2",), verify=False)
+    assert load_backend(ours.out_dir, "cpu", "pt2").name == "pt2"  # its own weights open
+    _edit_pt2(ours.out_dir / "generator.pt2", tmp_path / "forged.pt2", theirs.out_dir / "generator.pt2")
+    shutil.copy(tmp_path / "forged.pt2", ours.out_dir / "generator.pt2")
+    with pytest.raises(GantoolError, match="its weights do not match the hash it records"):
+        load_backend(ours.out_dir, "cpu", "pt2")
+
+
+def test_a_safetensors_whose_weights_were_swapped_is_refused(checkpoint_factory, tmp_path):
+    import safetensors.torch
+
+    from gantool.core.errors import GantoolError
+    from gantool.export.exporter import export_generator
+    from gantool.runtime.backends import load_backend
+
+    ours = export_generator(checkpoint_factory("random", seed=1), tmp_path / "ours", formats=("onnx",), verify=False)
+    path = ours.out_dir / "generator.safetensors"
+    with safetensors.safe_open(str(path), framework="pt") as f:
+        meta = dict(f.metadata())
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    first = next(k for k, v in tensors.items() if v.is_floating_point() and v.numel() > 1)
+    tensors[first] = tensors[first] * 1.5  # other weights, the same recorded hash
+    safetensors.torch.save_file(tensors, str(path), metadata=meta)
+    with pytest.raises(GantoolError, match="its weights do not match the hash it records"):
+        load_backend(ours.out_dir, "cpu", "eager")

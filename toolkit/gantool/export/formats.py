@@ -31,6 +31,7 @@ from gantool.core.artifacts import (
     META_AOTI_CUDA_ARCH,
     META_AOTI_DEVICE,
     META_COMPILE_FLAGS,
+    META_PROGRAM_WEIGHTS_SHA256,
     META_TORCH_VERSION,
     PT2_METADATA_ENTRY,
     TORCHSCRIPT_METADATA_ENTRY,
@@ -39,6 +40,7 @@ from gantool.core.errors import InputError, ModelError, first_line
 from gantool.export.provenance import strip_onnx_debug_info, strip_torchscript_debug_info
 from gantool.nn.networks import CompletionNetwork, complete
 from gantool.runtime.providers import cpu_isa_flags
+from gantool.runtime.weights import program_weights_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -226,7 +228,8 @@ def export_pt2(
             strip_program_debug_info(program)
         sort_range_constraints(program)  # equal checkpoints, equal bytes
         buffer = io.BytesIO()  # in memory: torch's C++ writer aborts the process on a full disk
-        torch.export.save(program, buffer, extra_files={PT2_METADATA_ENTRY: json.dumps(metadata)})
+        own = {**metadata, META_PROGRAM_WEIGHTS_SHA256: program_weights_sha256(program)}  # checked at open
+        torch.export.save(program, buffer, extra_files={PT2_METADATA_ENTRY: json.dumps(own)})
     except Exception as e:  # torch.export raises many types (UserError, ConstraintViolationError, ...)
         logger.debug("torch.export failed", exc_info=True)
         raise ModelError(f"torch.export failed: {first_line(e)}") from None

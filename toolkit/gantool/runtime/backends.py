@@ -71,7 +71,13 @@ from gantool.runtime.providers import (
     run_releasing_arena,
     torch_device,
 )
-from gantool.runtime.weights import aoti_constants, onnx_initializers, refuse_non_finite, refuse_non_finite_output
+from gantool.runtime.weights import (
+    aoti_constants,
+    check_program_weights,
+    onnx_initializers,
+    refuse_non_finite,
+    refuse_non_finite_output,
+)
 
 log = logging.getLogger(__name__)
 
@@ -411,6 +417,7 @@ class Pt2Backend(_TorchBackend):
             metadata = {str(k): str(v) for k, v in json.loads(extra[PT2_METADATA_ENTRY] or "{}").items()}
         except Exception as e:  # corrupt archives raise RuntimeError, KeyError, JSON errors, ...
             raise ModelError(f"{path} is not a readable torch.export (.pt2) model ({first_line(e)})") from None
+        check_program_weights(path, program, metadata)
         weights = {**program.state_dict, **program.constants}
         module = program.module().to(device)
         if precision == "bf16":

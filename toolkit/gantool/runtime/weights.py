@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from gantool.core.artifacts import KIND_ONNX, KIND_SAFETENSORS
+from gantool.core.artifacts import KIND_ONNX, KIND_SAFETENSORS, META_PROGRAM_WEIGHTS_SHA256
 from gantool.core.errors import ModelError, NonFiniteError, first_line
 
 
@@ -138,4 +138,25 @@ def refuse_non_finite_output(output: np.ndarray, source: str) -> None:
     if counted and counted[0]:
         raise NonFiniteError(
             f"the model produced NaN/Inf: {counted[0]} of {counted[1]} output values are not finite ({source})"
+        )
+
+
+def program_weights_sha256(program: Any) -> str:
+    """The hash of a torch.export program's weights and tensor constants (sorted by name), as the
+    export records it in ``gantool.program_weights_sha256`` and the pt2 backend checks it."""
+    import torch  # delayed: heavy import
+
+    from gantool.training.checkpoint import weights_sha256
+
+    tensors = {k: v for k, v in {**program.state_dict, **program.constants}.items() if isinstance(v, torch.Tensor)}
+    return weights_sha256(tensors)
+
+
+def check_program_weights(path: Path, program: Any, metadata: Mapping[str, str]) -> None:
+    """Refuse a .pt2 whose weights are not the ones its metadata records (older exports record none)."""
+    recorded = metadata.get(META_PROGRAM_WEIGHTS_SHA256)
+    if recorded and program_weights_sha256(program) != recorded:
+        raise ModelError(
+            f"{path}: its weights do not match the hash it records ({META_PROGRAM_WEIGHTS_SHA256}); "
+            "the file was altered after export: re-export it"
         )

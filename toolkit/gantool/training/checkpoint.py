@@ -24,6 +24,7 @@ from gantool.core.artifacts import (
     META_MODEL_CONFIG,
     META_TRAIN_PHASE,
     META_TRAIN_STEP,
+    META_WEIGHTS_SHA256,
     model_kind,
 )
 from gantool.core.config import ModelConfig
@@ -189,6 +190,12 @@ def load_generator_weights(path: str | Path) -> tuple[CompletionNetwork, dict[st
         raise CheckpointError(f"{path} has no gantool model config in its metadata") from None
     except Exception as e:  # safetensors raises its own error types for corrupt headers
         raise CheckpointError(f"{path} is not a readable safetensors file ({first_line(e)})") from None
+    recorded = meta.get(META_WEIGHTS_SHA256)
+    if recorded and weights_sha256(tensors) != recorded:  # a few MB hashed: cheap against the model's start
+        raise CheckpointError(
+            f"{path}: its weights do not match the hash it records ({META_WEIGHTS_SHA256}); "
+            "the file was altered after export: re-export it"
+        )
     generator = CompletionNetwork(config)
     try:
         generator.load_state_dict(tensors)
