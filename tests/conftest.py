@@ -72,6 +72,17 @@ def checkpoint_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[...
     return make
 
 
+def rehashed(meta: dict[str, str], tensors: dict) -> dict[str, str]:
+    """``meta`` recording the hash of ``tensors`` (numpy or torch), as an export of those weights would:
+    a planted file that is consistent, so the check under test (not the hash check) speaks."""
+    import numpy as np
+
+    from gantool.training.checkpoint import weights_sha256
+
+    as_torch = {k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(v)) for k, v in tensors.items()}
+    return {**meta, "gantool.weights_sha256": weights_sha256(as_torch)}
+
+
 @pytest.fixture(scope="session")
 def subprocess_env() -> dict[str, str]:
     """Environment for ``[sys.executable, "-m", "gantool", ...]`` from the source tree."""

@@ -15,6 +15,7 @@ OVERFLOW_CASES) the run-time check is reached through a NaN input pixel instead.
 from __future__ import annotations
 
 import copy
+import json
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from click.testing import CliRunner, Result
 from onnx import numpy_helper
 from PIL import Image
 
-from conftest import briefly_trained_generator, write_checkpoint
+from conftest import briefly_trained_generator, rehashed, write_checkpoint
 from gantool.cli import cli
 from gantool.core.artifacts import PT2_METADATA_ENTRY, TORCHSCRIPT_METADATA_ENTRY, read_model_metadata
 from gantool.core.errors import NonFiniteError
@@ -37,7 +38,7 @@ from gantool.export.exporter import export_generator
 from gantool.inference.inpainter import Inpainter
 from gantool.runtime.backends import BACKEND_CLASSES, load_backend
 from gantool.runtime.openvino import openvino_available
-from gantool.runtime.weights import aoti_constants, non_finite_weights
+from gantool.runtime.weights import aoti_constants, non_finite_weights, program_weights_sha256
 from gantool.training.checkpoint import load_checkpoint, save_checkpoint
 from inpaint_helpers import textured_rgb
 from tiny import TINY_CONFIG
@@ -160,12 +161,14 @@ def planted(case: Case, source: Source, folder: Path, how: str) -> tuple[Path, s
             meta = f.metadata()
         name = _first_conv_weight(tensors.items())
         tensors[name] = _plant_array(tensors[name], how)
-        safetensors.numpy.save_file(tensors, str(path), metadata=meta)
+        safetensors.numpy.save_file(tensors, str(path), metadata=rehashed(meta, tensors))  # consistent: not a hash case
     elif case.backend == "pt2":
         extra = {PT2_METADATA_ENTRY: ""}
         program = torch.export.load(str(original), extra_files=extra)
         name = next(k for k, v in program.state_dict.items() if v.is_floating_point() and v.ndim == 4)
         _plant_torch(program.state_dict[name], how)
+        meta = json.loads(extra[PT2_METADATA_ENTRY])  # consistent: the planted weights' own hash, not a hash case
+        extra[PT2_METADATA_ENTRY] = json.dumps({**meta, "gantool.program_weights_sha256": program_weights_sha256(program)})
         torch.export.save(program, str(path), extra_files=extra)
     else:  # TorchScript
         extra = {TORCHSCRIPT_METADATA_ENTRY: ""}
