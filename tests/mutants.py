@@ -843,11 +843,11 @@ MUTANTS: list[Mutant] = [
         (f"{HOSTILE}::test_host_and_origin_are_checked_before_any_work",),
     ),
     Mutant(
-        "pt2_weights_hash_trusted",
+        "file_weights_hash_trusted",
         "runtime/backends.py",
-        "        check_program_weights(path, program, metadata)\n",
+        "        check_file_weights(path, weights, metadata)\n",
         "",
-        ("test_model_roles.py::test_a_pt2_whose_recorded_ids_were_edited_still_cannot_run_other_weights",),
+        ("test_model_roles.py::test_a_file_whose_recorded_ids_were_edited_still_cannot_run_other_weights",),
     ),
     Mutant(
         "export_stage_always_beside",

@@ -102,11 +102,15 @@ def test_onnx_is_valid_self_contained_and_carries_the_contract(full_export):
 
 def test_every_file_carries_the_same_metadata(full_export):
     _, out, _ = full_export
-    onnx_meta = read_model_metadata(out / "generator.onnx")
-    assert read_model_metadata(out / "generator.torchscript.pt") == onnx_meta
+    own = "gantool.file_weights_sha256"  # each model file's own weights, as it holds them: checked at open
+    metas = {name: read_model_metadata(out / name) for name in ("generator.onnx", "generator.torchscript.pt", "generator_fp16.onnx")}
+    assert all(len(meta.pop(own)) == 64 for meta in metas.values()), metas
+    onnx_meta = metas["generator.onnx"]
+    assert metas["generator.torchscript.pt"] == onnx_meta
     weights_meta = read_model_metadata(out / "generator.safetensors")
+    assert own not in weights_meta  # its tensors are what gantool.weights_sha256 covers
     assert {k: weights_meta[k] for k in CONTRACT_KEYS} == onnx_meta
-    fp16_meta = read_model_metadata(out / "generator_fp16.onnx")
+    fp16_meta = metas["generator_fp16.onnx"]
     assert fp16_meta["gantool.precision"] == "fp16"
     assert {**fp16_meta, "gantool.precision": "fp32"} == onnx_meta
 

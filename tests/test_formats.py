@@ -95,8 +95,8 @@ def test_every_format_is_written_with_the_same_metadata(modern_export):
     assert "generator.torchscript.pt" not in names and "generator.aoti.pt2" not in names  # not asked for
     onnx_meta = read_model_metadata(out / "generator.onnx")
     pt2_meta = read_model_metadata(out / "generator.pt2")
-    # The .pt2 also records its own (BatchNorm-folded) weights' hash, which it is checked against when it opens.
-    assert len(pt2_meta.pop("gantool.program_weights_sha256")) == 64
+    # Each also records its own weights' hash (ONNX initializers, the .pt2's folded tensors), checked when it opens.
+    assert len(pt2_meta.pop("gantool.file_weights_sha256")) == len(onnx_meta.pop("gantool.file_weights_sha256")) == 64
     assert pt2_meta == onnx_meta
     int8_meta = read_model_metadata(out / "generator_int8.onnx")
     assert int8_meta["gantool.precision"] == "int8"
@@ -115,9 +115,11 @@ def test_the_aoti_package_carries_the_same_metadata_and_where_it_was_compiled(ao
     }
     onnx_meta = read_model_metadata(out / "generator.onnx")
     pt2_meta = read_model_metadata(out / "generator.pt2")
-    pt2_meta.pop("gantool.program_weights_sha256")
+    hashes = {m.pop("gantool.file_weights_sha256") for m in (onnx_meta, pt2_meta)}
     assert pt2_meta == onnx_meta
     aoti_meta = read_model_metadata(out / "generator.aoti.pt2")
+    assert len(aoti_meta["gantool.file_weights_sha256"]) == 64  # its compiled constants'
+    assert aoti_meta["gantool.file_weights_sha256"] not in hashes
     assert {k: aoti_meta[k] for k in onnx_meta} == onnx_meta
     assert aoti_meta["gantool.aoti_device"] == "cpu" and aoti_meta["gantool.torch_version"] == torch.__version__
     assert aoti_meta["gantool.aoti_cpu_flags"].split() == cpu_isa_flags()  # what -march=native compiled for

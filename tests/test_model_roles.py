@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from gantool.cli import cli
-from gantool.core.artifacts import META_PRECISION, resolve_model
+from gantool.core.artifacts import META_PRECISION, read_model_metadata, resolve_model
 from gantool.core.errors import ModelError
 from inpaint_helpers import exported_model  # noqa: F401 (fixture)
 
@@ -69,36 +69,123 @@ def test_files_in_their_own_roles_open(exported_model, tmp_path):
         assert resolve_model(folder, "onnx", precision)[0].name == name
 
 
-def _edit_pt2(source: Path, target: Path, weights_from: Path) -> None:
-    """``weights_from``'s program saved as ``target`` with ``source``'s metadata (ids and hashes)."""
-    import json
+def _with_metadata_of(source: Path, weights_from: Path, target: Path) -> None:
+    """``weights_from``'s model saved as ``target`` with ``source``'s metadata (its ids and hashes):
+    what a user gets by editing one file's recorded ids to match another folder."""
+    import zipfile
 
     import torch
 
-    from gantool.core.artifacts import PT2_METADATA_ENTRY
+    from gantool.core.artifacts import PT2_METADATA_ENTRY, TORCHSCRIPT_METADATA_ENTRY
 
-    extra = {PT2_METADATA_ENTRY: ""}
-    with open(source, "rb") as f:
-        torch.export.load(f, extra_files=extra)
-    with open(weights_from, "rb") as f:
-        program = torch.export.load(f)
-    torch.export.save(program, target, extra_files={PT2_METADATA_ENTRY: extra[PT2_METADATA_ENTRY]})
-    assert json.loads(extra[PT2_METADATA_ENTRY])["gantool.export_id"]
+    if source.suffix == ".onnx":
+        model = onnx.load(str(weights_from))
+        del model.metadata_props[:]
+        model.metadata_props.extend(onnx.load(str(source)).metadata_props)
+        onnx.save_model(model, str(target))
+    elif source.name.endswith(".torchscript.pt"):
+        extra = {TORCHSCRIPT_METADATA_ENTRY: ""}
+        torch.jit.load(str(source), _extra_files=extra)
+        torch.jit.save(torch.jit.load(str(weights_from)), str(target), _extra_files=extra)
+    else:  # .pt2 and .aoti.pt2: a zip archive whose */extra/gantool_metadata.json is the metadata
+        with zipfile.ZipFile(source) as ours:
+            meta = next(ours.read(n) for n in ours.namelist() if n.endswith(f"/extra/{PT2_METADATA_ENTRY}"))
+        with zipfile.ZipFile(weights_from) as theirs, zipfile.ZipFile(target, "w") as forged:
+            for entry in theirs.infolist():
+                data = meta if entry.filename.endswith(f"/extra/{PT2_METADATA_ENTRY}") else theirs.read(entry)
+                forged.writestr(entry, data)
+    assert read_model_metadata(target)["gantool.export_id"]  # the ids travelled
 
 
-def test_a_pt2_whose_recorded_ids_were_edited_still_cannot_run_other_weights(checkpoint_factory, tmp_path):
-    # Before the fix the recorded hash was trusted: another model's .pt2 with this folder's ids ran.
+def _forged_folder(ours: Path, theirs: Path, name: str, tmp_path: Path) -> Path:
+    """A copy of the export ``ours`` whose ``name`` holds ``theirs``'s weights under ``ours``'s metadata."""
+    folder = tmp_path / "forged"
+    shutil.copytree(ours, folder)
+    _with_metadata_of(ours / name, theirs / name, tmp_path / name)
+    shutil.copy(tmp_path / name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def two_exports(tmp_path_factory):
+    """Two exports (onnx, torchscript, pt2) of two differently seeded generators."""
+    from conftest import random_generator, write_checkpoint
+    from gantool.export.exporter import export_generator
+
+    root = tmp_path_factory.mktemp("two_exports")
+    return tuple(
+        export_generator(
+            write_checkpoint(root / f"seed{seed}.pt", random_generator(seed=seed)), root / f"export{seed}",
+            formats=("onnx", "torchscript", "pt2"), verify=False,
+        ).out_dir
+        for seed in (1, 2)
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "backend"), [("generator.onnx", "onnx"), ("generator.onnx", "openvino"),
+                          ("generator.torchscript.pt", "torchscript"), ("generator.pt2", "pt2")],
+)  # fmt: skip
+def test_a_file_whose_recorded_ids_were_edited_still_cannot_run_other_weights(two_exports, tmp_path, name, backend):
+    # Before the fix the recorded ids were trusted: another model's file with this folder's ids ran
+    # (only the .pt2 and the safetensors were checked against their content).
+    from gantool.core.errors import GantoolError
+    from gantool.runtime.backends import load_backend
+
+    if backend == "openvino":
+        pytest.importorskip("openvino", reason="the openvino extra is not installed")
+    ours, theirs = two_exports
+    assert load_backend(ours, "cpu", backend).name == backend  # its own weights open
+    folder = _forged_folder(ours, theirs, name, tmp_path)
+    with pytest.raises(GantoolError, match=r"its weights do not match the hash it records \(gantool\.file_weights_sha256\)"):
+        load_backend(folder, "cpu", backend)
+
+
+def test_every_model_file_of_an_export_records_its_own_weights_hash(two_exports):
+    names = ("generator.onnx", "generator.torchscript.pt", "generator.pt2")
+    ours, theirs = ({n: read_model_metadata(folder / n).get("gantool.file_weights_sha256", "") for n in names}
+                    for folder in two_exports)  # fmt: skip
+    assert all(len(h) == 64 for h in [*ours.values(), *theirs.values()]), (ours, theirs)
+    assert all(ours[n] != theirs[n] for n in names), (ours, theirs)  # other weights, other hashes
+
+
+def test_an_int8_file_whose_weights_were_edited_is_refused(exported_model, tmp_path):
+    from onnx import numpy_helper
+
+    from gantool.core.errors import GantoolError
+    from gantool.runtime.backends import load_backend
+
+    folder = tmp_path / "copy"
+    shutil.copytree(exported_model.folder, folder)
+    path = folder / "generator_int8.onnx"
+    model = onnx.load(str(path))
+    weight = next(t for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT8 and len(t.dims) == 4)
+    array = numpy_helper.to_array(weight).copy()
+    array.flat[0] = array.flat[0] // 2 + 1  # one int8 weight changed, the recorded metadata kept
+    weight.CopyFrom(numpy_helper.from_array(array, weight.name))
+    onnx.save_model(model, str(path))
+    assert load_backend(exported_model.folder, "cpu", "onnx", precision="int8").precision == "int8"
+    with pytest.raises(GantoolError, match="its weights do not match the hash it records"):
+        load_backend(folder, "cpu", "onnx", precision="int8")
+
+
+@pytest.mark.slow
+def test_an_aoti_package_with_another_folders_ids_is_refused(checkpoint_factory, tmp_path):
+    # AOTInductor compiles the weights into the package's library; the hash covers those constants.
     from gantool.core.errors import GantoolError
     from gantool.export.exporter import export_generator
     from gantool.runtime.backends import load_backend
 
-    ours = export_generator(checkpoint_factory("random", seed=1), tmp_path / "ours", formats=("pt2",), verify=False)
-    theirs = export_generator(checkpoint_factory("random", seed=2), tmp_path / "theirs", formats=("pt2",), verify=False)
-    assert load_backend(ours.out_dir, "cpu", "pt2").name == "pt2"  # its own weights open
-    _edit_pt2(ours.out_dir / "generator.pt2", tmp_path / "forged.pt2", theirs.out_dir / "generator.pt2")
-    shutil.copy(tmp_path / "forged.pt2", ours.out_dir / "generator.pt2")
+    exports = [
+        export_generator(
+            checkpoint_factory("random", seed=seed), tmp_path / f"e{seed}", formats=("aoti",), verify=False
+        ).out_dir
+        for seed in (1, 2)
+    ]
+    assert load_backend(exports[0], "cpu", "aoti").name == "aoti"  # the recorded hash is its own, read back
+    folder = _forged_folder(exports[0], exports[1], "generator.aoti.pt2", tmp_path)
     with pytest.raises(GantoolError, match="its weights do not match the hash it records"):
-        load_backend(ours.out_dir, "cpu", "pt2")
+        load_backend(folder, "cpu", "aoti")
 
 
 def test_a_safetensors_whose_weights_were_swapped_is_refused(checkpoint_factory, tmp_path):

@@ -38,7 +38,7 @@ from gantool.export.exporter import export_generator
 from gantool.inference.inpainter import Inpainter
 from gantool.runtime.backends import BACKEND_CLASSES, load_backend
 from gantool.runtime.openvino import openvino_available
-from gantool.runtime.weights import aoti_constants, non_finite_weights, program_weights_sha256
+from gantool.runtime.weights import aoti_constants, file_weights_sha256, non_finite_weights, onnx_model_tensors
 from gantool.training.checkpoint import load_checkpoint, save_checkpoint
 from inpaint_helpers import textured_rgb
 from tiny import TINY_CONFIG
@@ -151,6 +151,8 @@ def planted(case: Case, source: Source, folder: Path, how: str) -> tuple[Path, s
             name = _first_conv_weight(arrays)
         tensor = next(t for t in model.graph.initializer if t.name == name)
         tensor.CopyFrom(numpy_helper.from_array(_plant_array(numpy_helper.to_array(tensor), how), name))
+        own = next(p for p in model.metadata_props if p.key == "gantool.file_weights_sha256")
+        own.value = file_weights_sha256(onnx_model_tensors(model))  # consistent: not a hash case
         onnx.save(model, str(path))
     elif path.suffix == ".safetensors":
         import safetensors
@@ -168,7 +170,7 @@ def planted(case: Case, source: Source, folder: Path, how: str) -> tuple[Path, s
         name = next(k for k, v in program.state_dict.items() if v.is_floating_point() and v.ndim == 4)
         _plant_torch(program.state_dict[name], how)
         meta = json.loads(extra[PT2_METADATA_ENTRY])  # consistent: the planted weights' own hash, not a hash case
-        extra[PT2_METADATA_ENTRY] = json.dumps({**meta, "gantool.program_weights_sha256": program_weights_sha256(program)})
+        extra[PT2_METADATA_ENTRY] = json.dumps({**meta, "gantool.file_weights_sha256": file_weights_sha256({**program.state_dict, **program.constants})})
         torch.export.save(program, str(path), extra_files=extra)
     else:  # TorchScript
         extra = {TORCHSCRIPT_METADATA_ENTRY: ""}
@@ -178,6 +180,9 @@ def planted(case: Case, source: Source, folder: Path, how: str) -> tuple[Path, s
             module = torch.jit.load(str(original), _extra_files=extra)
             name, weight = next((k, v) for k, v in module.named_parameters() if v.ndim == 4)
             _plant_torch(weight, how)
+            meta = json.loads(extra[TORCHSCRIPT_METADATA_ENTRY])  # consistent: not a hash case
+            meta["gantool.file_weights_sha256"] = file_weights_sha256(module.state_dict())
+            extra[TORCHSCRIPT_METADATA_ENTRY] = json.dumps(meta)
             torch.jit.save(module, str(path), _extra_files=extra)
     return path, name
 

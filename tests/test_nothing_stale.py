@@ -34,6 +34,7 @@ from gantool.core.errors import InputError, ModelError
 from gantool.core.processing import mask_to_array, read_image
 from gantool.export.exporter import export_generator
 from gantool.inference.inpainter import Inpainter
+from gantool.runtime.weights import file_weights_sha256, onnx_model_tensors
 from gantool.training.checkpoint import save_checkpoint
 from inpaint_helpers import ExportedModel, exported_model, textured_rgb  # noqa: F401
 
@@ -109,6 +110,8 @@ def _poisoned_onnx(source: Path, target_dir: Path, overflow: bool = False) -> Pa
     else:
         array.flat[0] = np.nan
     weight.CopyFrom(numpy_helper.from_array(array, weight.name))
+    own = next(p for p in model.metadata_props if p.key == "gantool.file_weights_sha256")
+    own.value = file_weights_sha256(onnx_model_tensors(model))  # a consistent file: not a hash case
     path = target_dir / "generator.onnx"
     onnx.save(model, str(path))
     return path

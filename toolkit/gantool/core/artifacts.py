@@ -37,9 +37,10 @@ META_PROCESSING = "gantool.processing"  # JSON of the processing contract
 META_TRAIN_STEP = "gantool.train_step"
 META_TRAIN_PHASE = "gantool.train_phase"
 META_WEIGHTS_SHA256 = "gantool.weights_sha256"  # of the unfolded generator weights
-# A .pt2's own (BatchNorm-folded) weights and constants, checked when it opens: a file whose
-# recorded ids were edited to match a folder still cannot pass off another model's weights.
-META_PROGRAM_WEIGHTS_SHA256 = "gantool.program_weights_sha256"
+# A model file's own weights as that file holds them (ONNX initializers, int8 ones included; a
+# .pt2's or TorchScript's folded tensors; an AOTInductor library's constants), checked when it
+# opens: a file whose recorded ids were edited to match a folder cannot pass off other weights.
+META_FILE_WEIGHTS_SHA256 = "gantool.file_weights_sha256"
 # The same in every file of one export (and only there): a hash of the weights and the export's
 # options, so files of two exports never pass as one model, and a re-export is byte-identical.
 META_EXPORT_ID = "gantool.export_id"

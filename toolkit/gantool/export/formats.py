@@ -31,7 +31,7 @@ from gantool.core.artifacts import (
     META_AOTI_CUDA_ARCH,
     META_AOTI_DEVICE,
     META_COMPILE_FLAGS,
-    META_PROGRAM_WEIGHTS_SHA256,
+    META_FILE_WEIGHTS_SHA256,
     META_TORCH_VERSION,
     PT2_METADATA_ENTRY,
     TORCHSCRIPT_METADATA_ENTRY,
@@ -40,7 +40,7 @@ from gantool.core.errors import InputError, ModelError, first_line
 from gantool.export.provenance import strip_onnx_debug_info, strip_torchscript_debug_info
 from gantool.nn.networks import CompletionNetwork, complete
 from gantool.runtime.providers import cpu_isa_flags
-from gantool.runtime.weights import program_weights_sha256
+from gantool.runtime.weights import aoti_constants, file_weights_sha256, onnx_model_tensors
 
 logger = logging.getLogger(__name__)
 
@@ -132,10 +132,11 @@ def export_onnx(
         raise ModelError(f"ONNX export could not target opset {opset} (the exporter produced opset {got})")
     if not keep_debug_info:
         strip_onnx_debug_info(model)
-    kept = [p for p in model.metadata_props if p.key not in metadata]
+    kept = [p for p in model.metadata_props if p.key not in metadata and p.key != META_FILE_WEIGHTS_SHA256]
     del model.metadata_props[:]
     model.metadata_props.extend(kept)
-    for key, value in metadata.items():
+    own = {**metadata, META_FILE_WEIGHTS_SHA256: file_weights_sha256(onnx_model_tensors(model))}  # checked at open
+    for key, value in own.items():
         model.metadata_props.add(key=key, value=value)
     model.doc_string = "gantool GLCIC generator: image + mask (1 = hole) -> inpainted, composited in-graph"
     try:
@@ -167,7 +168,8 @@ def export_torchscript(
         with quiet_exporter(), torch.no_grad():
             traced = torch.jit.trace(folded, example, check_inputs=check_inputs)
             buffer = io.BytesIO()  # in memory: torch's C++ writer aborts the process on a full disk
-            torch.jit.save(traced, buffer, _extra_files={TORCHSCRIPT_METADATA_ENTRY: json.dumps(metadata)})
+            own = {**metadata, META_FILE_WEIGHTS_SHA256: file_weights_sha256(traced.state_dict())}  # checked at open
+            torch.jit.save(traced, buffer, _extra_files={TORCHSCRIPT_METADATA_ENTRY: json.dumps(own)})
     except Exception as e:  # TracingCheckError and friends
         logger.debug("TorchScript export failed", exc_info=True)
         raise ModelError(f"TorchScript export failed: {first_line(e)}") from None
@@ -228,7 +230,8 @@ def export_pt2(
             strip_program_debug_info(program)
         sort_range_constraints(program)  # equal checkpoints, equal bytes
         buffer = io.BytesIO()  # in memory: torch's C++ writer aborts the process on a full disk
-        own = {**metadata, META_PROGRAM_WEIGHTS_SHA256: program_weights_sha256(program)}  # checked at open
+        weights = {**program.state_dict, **program.constants}  # what the pt2 backend hands out at open
+        own = {**metadata, META_FILE_WEIGHTS_SHA256: file_weights_sha256(weights)}
         torch.export.save(program, buffer, extra_files={PT2_METADATA_ENTRY: json.dumps(own)})
     except Exception as e:  # torch.export raises many types (UserError, ConstraintViolationError, ...)
         logger.debug("torch.export failed", exc_info=True)
@@ -308,6 +311,8 @@ def export_aoti(
                 strip_program_debug_info(program)
             package = Path(tmp) / ARTIFACT["aoti"].filename  # AOTInductor wants a .pt2 name
             torch._inductor.aoti_compile_and_package(program, package_path=str(package), inductor_configs=flags)
+            with aoti_constants(package, device) as constants:  # as the aoti backend reads them at open
+                meta[META_FILE_WEIGHTS_SHA256] = file_weights_sha256(constants)
             with zipfile.ZipFile(package) as source, zipfile.ZipFile(path, "w") as archive:
                 root = source.namelist()[0].split("/")[0]
                 for entry in source.infolist():

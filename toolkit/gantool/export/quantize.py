@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from gantool.core.artifacts import META_CALIBRATION, META_FLOAT_NODES, META_PRECISION
+from gantool.core.artifacts import META_CALIBRATION, META_FILE_WEIGHTS_SHA256, META_FLOAT_NODES, META_PRECISION
 from gantool.core.config import ModelConfig, TrainConfig
 from gantool.core.constants import DEFAULT_INT8_MIN_PSNR, INT8_MAX_FLOAT_MACS
 from gantool.core.errors import InputError, ModelError, first_line
@@ -45,6 +45,7 @@ from gantool.export.sensitivity import (
     float_share,
 )
 from gantool.runtime.providers import open_session
+from gantool.runtime.weights import file_weights_sha256, onnx_model_tensors
 from gantool.training.data import (
     ImageFolderSource,
     InpaintingDataset,
@@ -216,6 +217,7 @@ def _write(candidate: Path, out_path: Path, metadata: dict[str, str], floats: li
     props[META_PRECISION] = "int8"
     props[META_FLOAT_NODES] = json.dumps(floats)
     props[META_CALIBRATION] = calibration  # Calibration.kept: no path of this machine
+    props[META_FILE_WEIGHTS_SHA256] = file_weights_sha256(onnx_model_tensors(model))  # its own, int8, weights
     del model.metadata_props[:]
     for key, value in props.items():
         model.metadata_props.add(key=key, value=value)

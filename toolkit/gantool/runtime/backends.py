@@ -73,7 +73,7 @@ from gantool.runtime.providers import (
 )
 from gantool.runtime.weights import (
     aoti_constants,
-    check_program_weights,
+    check_file_weights,
     onnx_initializers,
     refuse_non_finite,
     refuse_non_finite_output,
@@ -86,7 +86,8 @@ class Backend:
     """What every backend has; subclasses implement :meth:`_run`.
 
     Every backend hands its weights to this constructor (``weights``: name -> tensor or
-    array, whatever its file holds), which refuses non-finite ones, and every run's
+    array, whatever its file holds), which refuses non-finite ones and ones that are not
+    what the file's ``gantool.file_weights_sha256`` records, and every run's
     output passes :func:`gantool.runtime.weights.refuse_non_finite_output`: one rule,
     one message, whatever runs the model.
     """
@@ -97,7 +98,8 @@ class Backend:
     def __init__(
         self, path: Path, metadata: dict[str, str], provider: str, provider_note: str, *, weights: Mapping[str, Any]
     ) -> None:
-        refuse_non_finite(path, weights)
+        refuse_non_finite(path, weights)  # first: a NaN file gets the NaN message, whatever it records
+        check_file_weights(path, weights, metadata)
         self.path = path
         self.metadata = metadata
         self.config: ModelConfig = config_from_metadata(metadata, path)
@@ -417,7 +419,6 @@ class Pt2Backend(_TorchBackend):
             metadata = {str(k): str(v) for k, v in json.loads(extra[PT2_METADATA_ENTRY] or "{}").items()}
         except Exception as e:  # corrupt archives raise RuntimeError, KeyError, JSON errors, ...
             raise ModelError(f"{path} is not a readable torch.export (.pt2) model ({first_line(e)})") from None
-        check_program_weights(path, program, metadata)
         weights = {**program.state_dict, **program.constants}
         module = program.module().to(device)
         if precision == "bf16":

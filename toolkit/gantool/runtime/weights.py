@@ -11,6 +11,7 @@ only say where their weights are: a state dict, an ONNX file's initializers
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import tempfile
 import zipfile
 from collections.abc import Iterator, Mapping
@@ -19,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from gantool.core.artifacts import KIND_ONNX, KIND_SAFETENSORS, META_PROGRAM_WEIGHTS_SHA256
+from gantool.core.artifacts import KIND_ONNX, KIND_SAFETENSORS, META_FILE_WEIGHTS_SHA256
 from gantool.core.errors import ModelError, NonFiniteError, first_line
 
 
@@ -56,17 +57,26 @@ def non_finite_weights(state_dict: Mapping[str, Any]) -> str:
 def onnx_initializers(path: Path) -> dict[str, np.ndarray]:
     """The weights (initializers and constant nodes' tensors) of an ONNX file."""
     import onnx  # delayed: heavy import
-    from onnx import numpy_helper
 
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # protobuf's DecodeError and friends for corrupt files
         raise ModelError(f"{path} is not a readable ONNX model ({first_line(e)})") from None
+    return onnx_model_tensors(model)
+
+
+def onnx_model_tensors(model: Any) -> dict[str, np.ndarray]:
+    """The weights of an ONNX ModelProto: its initializers, then its nodes' tensor attributes
+    (unnamed Constant nodes are numbered: one key per tensor, none hidden behind another)."""
+    import onnx  # delayed: heavy import
+    from onnx import numpy_helper
+
     tensors = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    for node in model.graph.node:
+    for index, node in enumerate(model.graph.node):
         for attribute in node.attribute:
             if attribute.type == onnx.AttributeProto.TENSOR:
-                tensors[f"{node.name or node.op_type}.{attribute.name}"] = numpy_helper.to_array(attribute.t)
+                key = f"{node.name or node.op_type}.{attribute.name}"
+                tensors[key if key not in tensors else f"{key}#{index}"] = numpy_helper.to_array(attribute.t)
     return tensors
 
 
@@ -141,22 +151,36 @@ def refuse_non_finite_output(output: np.ndarray, source: str) -> None:
         )
 
 
-def program_weights_sha256(program: Any) -> str:
-    """The hash of a torch.export program's weights and tensor constants (sorted by name), as the
-    export records it in ``gantool.program_weights_sha256`` and the pt2 backend checks it."""
-    import torch  # delayed: heavy import
+def file_weights_sha256(tensors: Mapping[str, Any]) -> str:
+    """sha256 over a model file's own weights: each tensor's name, dtype, shape and bytes, by name.
 
-    from gantool.training.checkpoint import weights_sha256
+    ``tensors``: torch tensors (any device and dtype, bf16 included) or numpy arrays, as the
+    file's loader hands them out; other values (a program's script objects) are left out. The
+    export records it in ``gantool.file_weights_sha256`` and every backend checks it at open."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name]
+        if hasattr(tensor, "is_floating_point"):  # a torch tensor: its bytes without a dtype conversion
+            import torch  # delayed: torch is loaded already if a tensor exists
 
-    tensors = {k: v for k, v in {**program.state_dict, **program.constants}.items() if isinstance(v, torch.Tensor)}
-    return weights_sha256(tensors)
+            flat = tensor.detach().cpu().contiguous().reshape(-1)
+            dtype, shape = str(tensor.dtype), tuple(tensor.shape)
+            data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+        elif isinstance(tensor, np.ndarray):
+            dtype, shape, data = tensor.dtype.str, tensor.shape, np.ascontiguousarray(tensor).tobytes()
+        else:
+            continue
+        digest.update(f"{name}\0{dtype}\0{shape}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()
 
 
-def check_program_weights(path: Path, program: Any, metadata: Mapping[str, str]) -> None:
-    """Refuse a .pt2 whose weights are not the ones its metadata records (older exports record none)."""
-    recorded = metadata.get(META_PROGRAM_WEIGHTS_SHA256)
-    if recorded and program_weights_sha256(program) != recorded:
+def check_file_weights(path: Path, tensors: Mapping[str, Any], metadata: Mapping[str, str]) -> None:
+    """Refuse a model file whose weights are not the ones its metadata records (files exported
+    before the key existed record none and are not checked)."""
+    recorded = metadata.get(META_FILE_WEIGHTS_SHA256)
+    if recorded and file_weights_sha256(tensors) != recorded:
         raise ModelError(
-            f"{path}: its weights do not match the hash it records ({META_PROGRAM_WEIGHTS_SHA256}); "
+            f"{path}: its weights do not match the hash it records ({META_FILE_WEIGHTS_SHA256}); "
             "the file was altered after export: re-export it"
         )
