@@ -106,6 +106,70 @@ def test_an_animated_gif_is_refused_in_one_line(exported_model: ExportedModel, t
     assert read_image(still).size == (W, H)  # a one-frame GIF is an image like any other
 
 
+# ---------------------------------------------------------- PNG data that ends early
+
+
+def _png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def _short_png(width: int, height: int, rows: int, interlace: int = 0) -> bytes:
+    """An 8-bit RGB PNG whose header says ``height`` rows and whose (complete) zlib stream holds
+    ``rows`` rows' bytes: a valid stream, too short for its header."""
+    raw = bytes((1 + 3 * width) * rows)  # filter byte 0 and black, wherever Adam7's rows start
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, interlace)
+    return b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", header) + _png_chunk(b"IDAT", zlib.compress(raw)) + _png_chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize(("width", "height", "rows", "interlace"), [(1, 200000, 4, 0), (24, 20, 19, 0), (24, 20, 20, 1)])
+def test_a_png_whose_data_ends_before_its_last_row_is_refused(
+    exported_model: ExportedModel, tmp_path: Path, width: int, height: int, rows: int, interlace: int
+) -> None:
+    # Before the fix Pillow padded the missing rows with black and the image was inpainted (200 in serve).
+    # (24 x 20 interlaced needs more than 20 plain rows' bytes: each Adam7 pass has its own filter bytes.)
+    data = _short_png(width, height, rows, interlace)
+    with pytest.raises(InputError, match=r"the uploaded image: image file is truncated \(its data ends after \d+ of"):
+        read_image(io.BytesIO(data))
+    path = tmp_path / "short.png"
+    path.write_bytes(data)
+    result = _cli("inpaint", str(path), "--box", "0,0,1,1", "--model", str(exported_model.folder), "--provider", "cpu")
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    (line,) = [line for line in result.output.splitlines() if "truncated" in line]
+    assert str(path) in line
+    whole = _short_png(width, 4, 4) if height > 1000 else _short_png(width, height, height + 8 * interlace)
+    assert read_image(io.BytesIO(whole)).size[0] == width  # data for every row (and more): it reads
+
+
+def test_every_png_layout_with_all_its_data_reads() -> None:
+    """The completeness check must never refuse a whole PNG: every colour type and bit depth,
+    plain and Adam7-interlaced (written by pypng, whose passes gantool does not share), odd sizes."""
+    import png  # pypng: the dev extra
+
+    from gantool.core.png import png_data_shortfall
+
+    rng = np.random.default_rng(0)
+    layouts = [(True, False, d) for d in (1, 2, 4, 8, 16)] + [(True, True, 8), (True, True, 16)]
+    layouts += [(False, a, d) for a in (False, True) for d in (8, 16)]
+    for width, height in [(1, 1), (2, 3), (3, 2), (5, 7), (9, 13), (17, 8)]:
+        for interlace in (False, True):
+            for grey, alpha, depth in layouts:
+                planes = (1 if grey else 3) + alpha
+                rows = rng.integers(0, 2**depth, (height, width * planes)).tolist()
+                buffer = io.BytesIO()
+                png.Writer(width, height, greyscale=grey, alpha=alpha, bitdepth=depth, interlace=interlace).write(
+                    buffer, rows
+                )
+                buffer.seek(0)
+                assert png_data_shortfall(buffer) is None, (width, height, interlace, grey, alpha, depth)
+                assert read_image(buffer).size == (width, height)
+            palette = io.BytesIO()
+            png.Writer(width, height, palette=[(i, 255 - i, i) for i in range(4)], bitdepth=2, interlace=interlace).write(
+                palette, rng.integers(0, 4, (height, width)).tolist()
+            )
+            palette.seek(0)
+            assert read_image(palette).size == (width, height)
+
+
 # ------------------------------------------------------------------- colour profiles
 
 

@@ -228,6 +228,7 @@ def test_strategy_option_is_used(client: TestClient, inpainter: Inpainter):
     [
         ("not an image", "not an image"),
         ("truncated", "cannot read the uploaded image"),
+        ("data ends early", "image file is truncated"),
         ("mask of another size", "mask"),
         ("no mask and no alpha", "no mask"),
         ("bad box", "X,Y,W,H"),
@@ -244,6 +245,9 @@ def test_bad_input_is_a_400_json_error(client: TestClient, case: str, needle: st
         image = b"this is not an image"
     elif case == "truncated":
         image = image[: len(image) // 2]
+    elif case == "data ends early":  # a whole zlib stream holding fewer rows than the header says
+        raw = zlib.decompress(b"".join(_png_chunks(image, b"IDAT")))
+        image = _with_idat(image, zlib.compress(raw[: len(raw) // 2]))
     elif case == "mask of another size":
         mask = encode(np.zeros((10, 10), np.uint8))
     elif case == "no mask and no alpha":
@@ -265,6 +269,31 @@ def test_bad_input_is_a_400_json_error(client: TestClient, case: str, needle: st
     assert set(body) == {"error"} and needle in body["error"]
     assert "\n" not in body["error"] and "Traceback" not in response.text
     assert "--box" not in body["error"]  # the API's field is `boxes` (said `--box` before)
+
+
+def _png_chunks(png: bytes, kind: bytes) -> list[bytes]:
+    """The data of ``png``'s chunks of type ``kind``, in order."""
+    found, at = [], 8
+    while at < len(png):
+        (length,) = struct.unpack(">I", png[at : at + 4])
+        if png[at + 4 : at + 8] == kind:
+            found.append(png[at + 8 : at + 8 + length])
+        at += 12 + length
+    return found
+
+
+def _with_idat(png: bytes, data: bytes) -> bytes:
+    """``png`` with its image data replaced by one IDAT chunk of ``data``."""
+    chunks, at = [], 8
+    while at < len(png):
+        (length,) = struct.unpack(">I", png[at : at + 4])
+        kind = png[at + 4 : at + 8]
+        if kind == b"IEND":
+            chunks.append(struct.pack(">I", len(data)) + b"IDAT" + data + struct.pack(">I", zlib.crc32(b"IDAT" + data)))
+        if kind != b"IDAT":
+            chunks.append(png[at : at + 12 + length])
+        at += 12 + length
+    return png[:8] + b"".join(chunks)
 
 
 def _png_header(width: int, height: int) -> bytes:

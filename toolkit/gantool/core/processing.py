@@ -28,6 +28,7 @@ from gantool.core.config import NETWORK_STRIDE, ModelConfig
 from gantool.core.constants import BLEND_MODES, DECODE_FORMATS
 from gantool.core.errors import InputError, SizeLimitError, check_choice, first_line
 from gantool.core.mask_input import _is_high_bit, alpha_hole_mask, mask_to_array
+from gantool.core.png import refuse_short_png
 from gantool.core.png import save_png as save_png  # re-exported: processing is the one place
 
 __all__ = ["alpha_hole_mask", "mask_to_array"]  # the mask rule lives in mask_input; re-exported here
@@ -132,6 +133,8 @@ def read_image(
                         f"{what}: a 16-bit colour image, which Pillow decodes as 8-bit; the written known pixels "
                         "would lose precision (convert it to 8-bit colour or 16-bit grey first)"
                     )
+                if img.format == "PNG" and img.fp is not None:
+                    refuse_short_png(img, label)
                 img.load()
                 result = ImageOps.exif_transpose(img) if _has_orientation(img) else img.copy()
     except FileNotFoundError:
