@@ -149,14 +149,14 @@ def test_every_model_file_of_an_export_records_its_own_weights_hash(two_exports)
     assert all(ours[n] != theirs[n] for n in names), (ours, theirs)  # other weights, other hashes
 
 
-def test_an_int8_file_whose_weights_were_edited_is_refused(exported_model, tmp_path):
+def test_an_int8_file_whose_weights_were_edited_is_refused(modern_export, tmp_path):
     from onnx import numpy_helper
 
     from gantool.core.errors import GantoolError
     from gantool.runtime.backends import load_backend
 
     folder = tmp_path / "copy"
-    shutil.copytree(exported_model.folder, folder)
+    shutil.copytree(modern_export.out_dir, folder)  # an export with generator_int8.onnx
     path = folder / "generator_int8.onnx"
     model = onnx.load(str(path))
     weight = next(t for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT8 and len(t.dims) == 4)
@@ -164,7 +164,7 @@ def test_an_int8_file_whose_weights_were_edited_is_refused(exported_model, tmp_p
     array.flat[0] = array.flat[0] // 2 + 1  # one int8 weight changed, the recorded metadata kept
     weight.CopyFrom(numpy_helper.from_array(array, weight.name))
     onnx.save_model(model, str(path))
-    assert load_backend(exported_model.folder, "cpu", "onnx", precision="int8").precision == "int8"
+    assert load_backend(modern_export.out_dir, "cpu", "onnx", precision="int8").precision == "int8"
     with pytest.raises(GantoolError, match="its weights do not match the hash it records"):
         load_backend(folder, "cpu", "onnx", precision="int8")
 
