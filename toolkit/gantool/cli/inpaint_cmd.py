@@ -8,11 +8,18 @@ from typing import Any
 
 import click
 
-from gantool.cli.options import backend_option, blend_option, precision_option, provider_option, strategy_option
+from gantool.cli.options import (
+    backend_option,
+    blend_option,
+    precision_option,
+    provider_option,
+    ray_address_option,
+    ray_timeout_option,
+    strategy_option,
+)
 from gantool.core.constants import (
     DEFAULT_INPAINT_BATCH,
     DEFAULT_MAX_BLEND_PIXELS,
-    DEFAULT_RAY_TIMEOUT_S,
     RAY_MANIFEST_NAME,
 )
 from gantool.core.errors import InputError
@@ -104,17 +111,8 @@ def _parse_boxes(
     is_flag=True,
     help='Run on a Ray cluster (Ray Data actor pool); needs pip install "gantool[ray]".',
 )
-@click.option(
-    "--ray-address",
-    metavar="ADDR",
-    help="With --ray: connect to this cluster (e.g. HEAD_IP:6379 or auto). Default: start a local one.",
-)
-@click.option(
-    "--ray-timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    help=f"With --ray-address: seconds to reach and join the cluster before failing [default: {DEFAULT_RAY_TIMEOUT_S:g}].",
-)
+@ray_address_option
+@ray_timeout_option
 @click.option(
     "--actors",
     type=click.IntRange(min=1),

@@ -15,6 +15,7 @@ from gantool.core.constants import (
     DEFAULT_BLEND,
     DEFAULT_PRECISION,
     DEFAULT_PROVIDER,
+    DEFAULT_RAY_TIMEOUT_S,
     DEFAULT_SERVE_BATCH_WAIT_MS,
     DEFAULT_SERVE_MAX_BATCH,
     DEFAULT_STRATEGY,
@@ -86,6 +87,19 @@ batch_wait_option = click.option(
     default=DEFAULT_SERVE_BATCH_WAIT_MS,
     show_default=True,
     help="How long the first request waits for others to batch with.",
+)
+
+# Joining a Ray cluster: `inpaint --ray` and `serve --ray` (the same probe, the same one-line errors).
+ray_address_option = click.option(
+    "--ray-address",
+    metavar="ADDR",
+    help="With --ray: connect to this cluster (e.g. HEAD_IP:6379 or auto). Default: start a local one.",
+)
+ray_timeout_option = click.option(
+    "--ray-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help=f"With --ray-address: seconds to reach and join the cluster before failing [default: {DEFAULT_RAY_TIMEOUT_S:g}].",
 )
 
 
