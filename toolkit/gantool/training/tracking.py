@@ -25,7 +25,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
@@ -61,6 +61,7 @@ RUNNING, FINISHED, STOPPED, FAILED = "running", "finished", "stopped", "failed"
 STATES = (RUNNING, FINISHED, STOPPED, FAILED)
 # Short reasons beside STOPPED / FAILED (the full message goes to "message").
 BY_SIGNAL, EARLY_STOP, NON_FINITE, ERROR = "signal", "early stop", "non-finite", "error"
+DATA_STATUS_KEYS = ("unreadable_images", "first_unreadable")  # what a source adds (kept by mark_failed)
 PROCESS_LOST = "process lost"  # --nproc-per-node: a worker died or stopped answering (the launcher's record)
 
 
@@ -84,8 +85,10 @@ def write_status(
     checkpoint_step: int | None = None,
     reason: str | None = None,
     message: str | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> None:
-    """Replace ``<run>/status.json`` atomically (a reader never sees half a record)."""
+    """Replace ``<run>/status.json`` atomically (a reader never sees half a record); ``extra``: more
+    keys (the data's unreadable images, :meth:`~gantool.training.sources.IndexedSource.status`)."""
     record = {
         "state": state,
         "reason": reason,
@@ -97,6 +100,7 @@ def write_status(
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "updated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **(extra or {}),
     }
     text = json.dumps(record, indent=1) + "\n"
     try:
@@ -136,6 +140,7 @@ def mark_failed(run_dir: Path, message: str, reason: str = PROCESS_LOST) -> bool
         number("checkpoint_step"),
         reason,
         message,
+        {k: record[k] for k in DATA_STATUS_KEYS if k in record},
     )
     return True
 
@@ -200,6 +205,7 @@ class RunTracker:
         self.health = DiscriminatorHealth()
         self.writer: Any = None
         self.finished = False
+        self.data_status: Callable[[], Mapping[str, Any]] | None = None  # the data's part of status.json
 
     # -------------------------------------------------------------- context
 
@@ -303,8 +309,17 @@ class RunTracker:
             self._status(STOPPED, BY_SIGNAL if interrupted else EARLY_STOP)
 
     def _status(self, state: str, reason: str | None = None, message: str | None = None) -> None:
+        extra = self.data_status() if self.data_status is not None else None
         write_status(
-            self.run_dir, state, self.step, self.cfg.total_steps, self.phase, self.checkpoint_step, reason, message
+            self.run_dir,
+            state,
+            self.step,
+            self.cfg.total_steps,
+            self.phase,
+            self.checkpoint_step,
+            reason,
+            message,
+            extra,
         )
 
 
