@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -154,7 +156,12 @@ def test_unreadable_files_are_skipped_and_counted(tmp_path):
     (tmp_path / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n garbage")
     (tmp_path / "empty.jpg").write_bytes(b"")
     source = ImageFolderSource(tmp_path)
-    assert len(source) == 7 and sorted(p.name for p in source.skipped) == ["corrupt.png", "empty.jpg"]
+    assert len(source) == 9 and source.skipped == []  # nothing is opened before it is read
+    rng = np.random.default_rng(0)
+    for i in range(len(source)):
+        source.load(i, 24, rng)
+    assert sorted(Path(p).name for p in source.skipped) == ["corrupt.png", "empty.jpg"]
+    assert source.unreadable() == (2, str(tmp_path / "corrupt.png"))
 
 
 def test_truncated_image_is_replaced_by_the_next_one(tmp_path, caplog):
@@ -173,14 +180,14 @@ def test_truncated_image_is_replaced_by_the_next_one(tmp_path, caplog):
 @pytest.mark.parametrize("setup, fragment", [
     (lambda p: None, "not found"),
     (lambda p: p.mkdir(), "no image files"),
-    (lambda p: (p.mkdir(), (p / "x.png").write_text("nope")), "none readable"),
+    (lambda p: (p.mkdir(), (p / "x.png").write_text("nope")), "none of its 1 image file"),
     (lambda p: p.write_text("file"), "got a file"),
 ])
 def test_unusable_data_folders_are_clear_errors(tmp_path, setup, fragment):
     path = tmp_path / "data"
     setup(path)
-    with pytest.raises(InputError, match=fragment):
-        ImageFolderSource(path)
+    with pytest.raises(InputError, match=fragment):  # an unreadable file is found when it is read
+        ImageFolderSource(path).load(0, 24, np.random.default_rng(0))
 
 
 def test_random_crop_resize_is_seeded():
@@ -298,12 +305,11 @@ def test_decoding_once_changes_no_sample(tmp_path):
 
 
 def test_a_folder_too_large_to_cache_is_decoded_per_sample(tmp_path, monkeypatch):
-    from gantool.training import data as data_module
+    from gantool.training import sources as sources_module
 
     _noise_photo(tmp_path / "big.png")
-    monkeypatch.setattr(data_module, "DECODE_CACHE_BYTES", 300 * 200 * 3 - 1)
+    monkeypatch.setattr(sources_module, "DECODE_CACHE_BYTES", 300 * 200 * 3 - 1)
     source = ImageFolderSource(tmp_path, (1.0, 2.0))
-    assert not source.cache_decoded
     source.load(0, 32, np.random.default_rng(0))
     assert source._decoded == {}
 

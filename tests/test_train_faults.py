@@ -580,8 +580,12 @@ def test_a_truncated_jpeg_is_warned_about_once_and_a_held_out_one_is_not_replace
     (data / "zz.jpg").write_bytes(raw[: len(raw) * 2 // 3])  # the last file: held out
     train(tiny_train_config(data=str(data), out=str(tmp_path / "run"), steps_g=30, steps_d=0, steps_joint=0,
                             val_images=2, sample_every=100, checkpoint_every=100), progress=False)
-    warned = [r for r in caplog.records if "img2.jpg" in r.getMessage()]
+    warned = [r for r in caplog.records if "img2.jpg" in r.getMessage() and "skipping" in r.getMessage()]
     assert len(warned) == 1, [r.getMessage() for r in warned]
+    summary = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipped ")]
+    assert len(summary) == 1 and "skipped 2 unreadable image(s)" in summary[0], summary  # and counted at the end
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["unreadable_images"] == 2 and status["first_unreadable"].endswith("img2.jpg"), status
     source = ImageFolderSource(data)
     real, _, _ = validation_batch(source, 2, 32, 16, "box", None, 0)
     assert real.shape[0] == 1  # zz.jpg is left out, not replaced by a training image

@@ -88,10 +88,29 @@ def check_launch(options: Mapping[str, Any], resume: str | None, nproc: int, all
         from gantool.training.tracking import summary_writer_class
 
         summary_writer_class()
-    source = open_source(cfg.data, cfg.seed)
+    source = open_source(cfg.data, cfg.seed, index_dirs=[plan.folder] if plan.folder and not plan.new else [])
     if state is not None:
         check_data_unchanged(state.get("data"), data_fingerprint(source, cfg.data), allow_data_change)
+    _hand_index_to_workers(source)
     return LaunchPlan(plan.folder.resolve() if plan.folder is not None else None, cfg.collective_timeout)
+
+
+def _hand_index_to_workers(source: Any) -> None:
+    """The workers read the data index built here (a file in the temp folder, named in their
+    environment), so a read-only data folder is not scanned again by every process."""
+    import atexit
+    import tempfile
+
+    from gantool.training.index import INDEX_ENV, write_index
+
+    index = getattr(source, "index", None)
+    if index is None:
+        return
+    fd, name = tempfile.mkstemp(prefix="gantool-data-index-", suffix=".json")
+    os.close(fd)
+    atexit.register(lambda: Path(name).unlink(missing_ok=True))
+    if write_index(index, name):
+        os.environ[INDEX_ENV] = name
 
 
 def _children_states() -> dict[int, str]:

@@ -58,6 +58,7 @@ from gantool.training.data import (
     holdout_count,
     open_source,
     report_source,
+    report_unreadable,
     validation_batch,
 )
 from gantool.training.distributed import (
@@ -68,6 +69,8 @@ from gantool.training.distributed import (
     setup_distributed,
 )
 from gantool.training.init_from import adopt_init_model, run_model
+from gantool.training.progress import postfix, progress_bar
+from gantool.training.progress import postfix as _postfix  # noqa: F401 (tests import it from here)
 from gantool.training.runfolder import (
     RunPlan,
     check_utf8_path,
@@ -79,6 +82,7 @@ from gantool.training.runfolder import (
     trim_metrics,
 )
 from gantool.training.signals import AbortNow, StopFlag
+from gantool.training.sources import normalise_data
 from gantool.training.steps import (
     PHASE_NAMES,
     DiscriminatorPair,
@@ -175,8 +179,7 @@ def prepare_run(
     cfg.validate()
     check_utf8_path(cfg.data, "--data")
     check_utf8_path(cfg.out, "--out")
-    if cfg.data != "synthetic":
-        cfg = cfg.replace(data=str(Path(cfg.data).resolve()))  # absolute and normalised: no "sub/.."
+    cfg = cfg.replace(data=normalise_data(cfg.data))  # absolute and normalised: no "sub/.."
     step = int(state["step"]) if state is not None else 0
     if step >= cfg.total_steps:
         raise InputError(
@@ -225,7 +228,9 @@ def _run(
     cfg, state, plan = prepare_run(cfg_in, resume)
     if cfg.tensorboard:
         summary_writer_class()  # a missing extra fails here, before any folder exists
-    source = open_source(cfg.data, cfg.seed, cfg.scale_range())  # a bad --data fails before a run folder exists
+    # A bad --data fails before a run folder exists; a run continued in place reuses its data index.
+    index_dirs = [plan.folder] if plan.folder is not None and not plan.new else []
+    source = open_source(cfg.data, cfg.seed, cfg.scale_range(), index_dirs)
     data = data_fingerprint(source, cfg.data)
     if state is not None:
         check_data_unchanged(state.get("data"), data, allow_data_change)
@@ -323,6 +328,8 @@ def _train(
         log.warning("--sync-bn has no effect in a single process (launch with torchrun for several)")
     if dist.is_main:
         report_source(source, cfg.data)
+    if state is not None:
+        source.mark_unreadable(state.get("data_unreadable") or [])  # the count goes on across a resume
     held = holdout_count(source, cfg.val_images)
     train_items = len(source) - held if cfg.data != "synthetic" else len(source)
     source.train_count = train_items  # a file that fails to decode is replaced by another training image
@@ -366,6 +373,7 @@ def _train(
                 ensure_writable_dir(run_dir / sub)
             chosen = {"amp": amp, "channels_last": use_channels_last(cfg, device)}  # what "auto" chose here
             atomic_write_text(run_dir / RUN_CONFIG_FILE, toml_text({**cfg.to_dict(), **chosen}))
+            source.keep_index(run_dir)  # --resume reads the file list from here (best effort)
             trim_metrics(run_dir / METRICS_FILE, step)  # a killed run may have logged past its checkpoint
         except GantoolError as e:
             if not dist.enabled:
@@ -384,6 +392,7 @@ def _train(
     last_good = run_dir / CHECKPOINTS_DIR / LAST_CHECKPOINT if state is not None or step else None
     result.last_checkpoint, result.checkpoint_step = last_good, (step if last_good else None)
     tracker = RunTracker(cfg, run_dir, step, result.phase, enabled=dist.is_main)  # rank 0 writes
+    tracker.data_status = source.status
     saved_step: int | None = None
     start_step = step
 
@@ -422,11 +431,12 @@ def _train(
                 "phase": phase_at(max(at_step - 1, 0), cfg),
                 "rng": rng_state(),
                 "data": data,
+                "data_unreadable": source.unreadable_indices(),
                 "metrics": result.history[-1] if result.history else {},
             },
         )
 
-    bar = _progress_bar(progress and dist.is_main, step, end)
+    bar = progress_bar(progress and dist.is_main, step, end)
     nets.run_generator.train()
     nets.run_pair.train()
     tick, images = time.perf_counter(), 0
@@ -470,7 +480,7 @@ def _train(
                     result.history.append(record)
                     write_metrics(record)
                     tracker.log_train(record, opt_g.param_groups[0]["lr"], opt_d.param_groups[0]["lr"])
-                    bar.set_postfix_str(_postfix(record), refresh=False)
+                    bar.set_postfix_str(postfix(record), refresh=False)
                 if dist.is_main and (step % cfg.sample_every == 0 or step == end):
                     sample_path = run_dir / SAMPLES_DIR / f"step_{step}.png"
                     record = validate(nets.generator, val, step, phase, sample_path)
@@ -508,6 +518,8 @@ def _train(
         if stop.aborted:
             raise AbortNow  # the tracker records "stopped at once"; train() returns the result
         tracker.finish(step, phase_at(max(step - 1, 0), cfg), result.interrupted)
+        if dist.is_main:
+            report_unreadable(source, cfg.data)
     dist.barrier()  # the others wait until rank 0's last checkpoint is on disk
     result.step, result.phase = step, phase_at(max(step - 1, 0), cfg)
     result.stop_signal = stop.signum if result.interrupted else None
@@ -573,24 +585,3 @@ def _metrics_writer(path: Path, enabled: bool) -> Iterator[Any]:
         # The line a full disk refused is still buffered: write() already reported it.
         with contextlib.suppress(OSError):
             f.close()
-
-
-def _progress_bar(enabled: bool, start: int, end: int) -> Any:
-    import sys
-
-    from tqdm.auto import tqdm
-
-    # Redirected to a log file, a bar that redraws 10 times a second buries the log.
-    interval = 0.1 if sys.stderr.isatty() else 30.0
-    return tqdm(
-        total=end, initial=start, disable=not enabled, unit="step", dynamic_ncols=True, leave=True, mininterval=interval
-    )
-
-
-def _postfix(record: dict[str, Any]) -> str:
-    parts = [PHASE_NAMES[record["phase"]]]
-    parts += [f"{k.removeprefix('loss_')}={v:.4g}" for k, v in record.items() if k.startswith("loss_")]
-    if "d_real" in record:
-        parts.append(f"D(real)={record['d_real']:.3f} D(fake)={record['d_fake']:.3f}")
-    parts.append(f"{record['images_per_s']:.1f} img/s")
-    return " ".join(parts)

@@ -50,6 +50,7 @@ from gantool.core.constants import (
 from gantool.core.errors import GantoolError, InputError, first_line
 from gantool.core.fileio import TMP_PREFIX, atomic_write_text, ensure_writable_dir, pid_alive
 from gantool.training.checkpoint import load_checkpoint
+from gantool.training.index import RUN_INDEX_FILE
 from gantool.training.runs import newest_checkpoint, step_checkpoints
 
 log = logging.getLogger(__name__)
@@ -210,7 +211,7 @@ def check_utf8_path(value: str | None, flag: str) -> None:
 
 
 # What a run folder holds that gantool wrote (removed again when nothing was trained).
-_RUN_FILES = (RUN_FILE, LOCK_FILE, RUN_CONFIG_FILE, METRICS_FILE, STATUS_FILE)
+_RUN_FILES = (RUN_FILE, LOCK_FILE, RUN_CONFIG_FILE, METRICS_FILE, STATUS_FILE, RUN_INDEX_FILE)
 _RUN_SUBFOLDERS = (CHECKPOINTS_DIR, SAMPLES_DIR, TENSORBOARD_DIR)
 
 
