@@ -29,6 +29,7 @@ import numpy as np
 
 from gantool.core.cpu import onednn_bf16_capped
 from gantool.core.errors import ModelError, first_line
+from gantool.runtime.threads import inference_threads
 
 OV_DEVICE = "CPU"
 # gantool precision -> OpenVINO's INFERENCE_PRECISION_HINT (int8 runs from the file's QDQ nodes).
@@ -117,7 +118,10 @@ def bf16_native() -> bool:
 
 def compile_config(precision: str) -> dict[str, str]:
     """The compile properties for ``precision`` (fp32, bf16 or int8)."""
-    return {"INFERENCE_PRECISION_HINT": PRECISION_HINTS[precision], "PERFORMANCE_HINT": "LATENCY"}
+    config = {"INFERENCE_PRECISION_HINT": PRECISION_HINTS[precision], "PERFORMANCE_HINT": "LATENCY"}
+    if (threads := inference_threads()) is not None:  # gantool serve --ray: replicas share the cores
+        config["INFERENCE_NUM_THREADS"] = str(threads)
+    return config
 
 
 def read_onnx(path: str | Path, precision: str = "fp32") -> Any:

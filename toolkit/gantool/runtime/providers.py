@@ -31,6 +31,7 @@ from typing import Any
 from gantool.core.artifacts import META_AOTI_CPU_FLAGS, META_AOTI_CUDA_ARCH, META_AOTI_DEVICE, META_TORCH_VERSION
 from gantool.core.constants import PROVIDERS
 from gantool.core.errors import ModelError, ProviderError, check_choice, first_line
+from gantool.runtime.threads import inference_threads
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +162,8 @@ def ort_error_cause(error: BaseException) -> str:
 def _new_session(ort: Any, model: str | bytes, providers: list[Any]) -> Any:
     options = ort.SessionOptions()
     options.log_severity_level = 3  # errors only; provider problems are reported by us
+    if (threads := inference_threads()) is not None:  # gantool serve --ray: replicas share the cores
+        options.intra_op_num_threads = threads
     try:
         return ort.InferenceSession(model, sess_options=options, providers=providers)
     except Exception as e:  # InvalidProtobuf, Fail, NoSuchFile, ...: corrupt or unsupported model

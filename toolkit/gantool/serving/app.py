@@ -54,7 +54,7 @@ from gantool.inference.inpainter import (
 )
 from gantool.runtime.memory import trim_heap
 from gantool.serving.answers import EXPOSED_HEADERS, HOLES_HEADER, REQUEST_ID_HEADER, install_request_id_filter
-from gantool.serving.batcher import Batcher, QueueFullError
+from gantool.serving.batcher import Batcher, ModelRunner, QueueFullError
 from gantool.serving.checks import (
     UnsupportedOutput,
     check_full_strategy_from_header,
@@ -343,10 +343,20 @@ INPAINT_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 # long: the routes share the app's state through closures; one function keeps every route of the API in one place
-def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> FastAPI:
-    """The FastAPI app serving ``inpainter`` (already opened; its ``.backend`` runs)."""
+def build_app(
+    inpainter: Inpainter,
+    settings: ServeSettings | None = None,
+    runner: ModelRunner | None = None,
+    health: Callable[[], dict[str, Any]] | None = None,
+) -> FastAPI:
+    """The FastAPI app serving ``inpainter`` (already opened; its ``.backend`` runs).
+
+    ``runner`` collects the requests into model batches and runs them: by default a
+    :class:`Batcher` (its own thread); ``gantool serve --ray`` passes one whose batches come
+    from Ray Serve's ``@serve.batch``. ``health`` adds its fields to ``/healthz`` (which
+    replica answered, under Ray)."""
     settings = settings or ServeSettings()
-    batcher = Batcher(
+    batcher = runner or Batcher(
         inpainter.backend,
         settings.max_batch,
         settings.batch_wait_ms / 1000.0,
@@ -468,6 +478,7 @@ def build_app(inpainter: Inpainter, settings: ServeSettings | None = None) -> Fa
             "batches": batcher.batches,
             "images": batcher.images,
             "skipped": batcher.skipped,
+            **(health() if health is not None else {}),
         }
 
     @app.get("/readyz", summary="Model loaded and a warm-up inference done", response_model=None)

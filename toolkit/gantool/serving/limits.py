@@ -2,7 +2,8 @@
 
 In order, for every HTTP request: the common headers on the answer, whoever sends it
 (``nosniff``, ``X-Request-ID``, CORS for an allowed origin: :mod:`gantool.serving.answers`),
-and a line in the access log; the ``Host`` allow-list
+and a line in the access log; headers over ``--max-header-kb`` (431: behind a front that
+parses headers of any size, such as Ray Serve's proxy); the ``Host`` allow-list
 (400, DNS rebinding); ``Origin`` neither this server's nor a ``--cors-origin`` (403,
 cross-site form posts need no preflight); the API key (401). Then, for a request with
 a body: its length (411 without one, 413 over ``--max-upload-mb``), and the body read
@@ -53,6 +54,12 @@ class Counters:
     reading: int = 0  # bodies being read
     buffered: int = 0  # bytes reserved by the bodies being read or held
     draining: bool = False  # the first signal came: new work gets 503
+
+
+def header_bytes(scope: Scope) -> int:
+    """The size of a request's line and headers as a client sent them (about: the parsed form)."""
+    line = len(scope.get("method", "")) + len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + 12
+    return line + sum(len(name) + len(value) + 4 for name, value in scope.get("headers") or ())
 
 
 def error_body(message: str) -> bytes:
@@ -115,6 +122,10 @@ class Guard:
         return given is not None and secrets.compare_digest(given, self.api_key)
 
     def check_headers(self, scope: Scope, headers: dict[bytes, bytes]) -> None:
+        # gantool's own protocol refuses these before parsing them (431, gantool.serving.server);
+        # a front that parses headers of any size (Ray Serve's proxy: uvicorn with httptools) is checked here.
+        if header_bytes(scope) > self.settings.max_header_bytes:
+            raise Refused(431, f"the request headers are over {self.settings.max_header_kb} KB", close=True)
         host = headers.get(b"host", b"").decode("latin-1")
         if not self.any_host and _host_name(host).lower() not in self.hosts and host.lower() not in self.hosts:
             raise Refused(400, f"Host {host!r} is not served here (see --allowed-host)")

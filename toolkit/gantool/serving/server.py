@@ -210,6 +210,9 @@ def make_server(
     config = uvicorn.Config(
         app,
         http=protocol_for(settings),
+        # gantool serves no WebSocket: an Upgrade is answered as plain HTTP even where a WebSocket
+        # library is installed (uvicorn[standard], which ray[serve] brings, has websockets).
+        ws="none",
         log_level="warning",
         access_log=False,
         lifespan="on",
