@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 import click
 
@@ -16,6 +17,7 @@ from gantool.cli.options import (
     provider_option,
     strategy_option,
 )
+from gantool.cli.serve_ray import check_ray_options, ray_serve_options, serve_on_ray
 from gantool.core.constants import (
     DEFAULT_MAX_BLEND_PIXELS,
     DEFAULT_SERVE_HOST,
@@ -43,6 +45,7 @@ def missing_serve_packages() -> list[str]:
     return [names[0] for names in SERVE_MODULES if all(importlib.util.find_spec(n) is None for n in names)]
 
 
+# long: its parameters are the server's flags, one line each; the work is in gantool.serving (--ray: cli/serve_ray.py)
 @click.command("serve")
 @click.option(
     "--model",
@@ -175,6 +178,7 @@ def missing_serve_packages() -> list[str]:
     show_default=True,
     help="One line per request on stderr (request ID, status, bytes in and out, holes, ms); json: JSON lines.",
 )
+@ray_serve_options
 def serve(
     model: str | None,
     host: str,
@@ -201,13 +205,17 @@ def serve(
     api_key: str | None,
     cors_origins: tuple[str, ...],
     access_log: str,
+    use_ray: bool,
+    **ray_options: Any,
 ) -> None:
     """Serve inpainting over HTTP: the API at /v1/inpaint and a page at /.
 
     \b
     The model loads once; requests that arrive together run as one batch.
     API docs: /docs. Health: /healthz, /readyz.
+    With --ray the same service runs on Ray Serve: replicas, autoscaling, several nodes.
     """
+    check_ray_options(use_ray, ray_options)
     if missing_serve_packages():
         raise click.ClickException(INSTALL_HINT)
     # Imported here: the serve extra (FastAPI) and the model runtimes are heavy.
@@ -237,6 +245,9 @@ def serve(
         allowed_hosts=allowed_hosts or default_allowed_hosts(host),
         access_log=access_log,
     )
+    if use_ray:
+        serve_on_ray(model, provider, backend, precision, blend, settings, host, port, ray_options)
+        return
     inpainter = Inpainter(
         model, provider, backend, precision=precision, strategy=strategy, batch_size=max_batch, blend=blend
     )
