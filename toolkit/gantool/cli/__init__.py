@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "doctor": ("gantool.cli.doctor_cmd", "doctor", "Check torch, CUDA and ONNX Runtime."),
     "runs": ("gantool.cli.runs_cmd", "runs", "List training runs; summarise or plot one."),
     "import": ("gantool.cli.import_cmd", "import_", "Import a model trained elsewhere (GLCIC-PyTorch)."),
+    "data": ("gantool.cli.data_cmd", "data", "Pack images into WebDataset shards; check a data set."),
 }
 
 

@@ -449,7 +449,7 @@ def folder_index(root: Path, spec: str, extra: Sequence[Path] = (), keep: bool =
     made = keep and not (root / INDEX_DIR).exists()
     writable = keep and prepare_index_dir(root)
     if made and writable:
-        time.sleep(RACY_NS / 1e9)  # the folder's mtime (our mkdir) falls outside the new index's racy window
+        time.sleep(2 * RACY_NS / 1e9)  # the folder's mtime (our mkdir) falls outside the new index's racy window
     started = time.perf_counter()
     index = scan_folder(Path(spec), spec)  # the resolved folder: the index holds for any working directory
     log.debug("data: indexed %d image file(s) in %s in %.2f s", len(index), root, time.perf_counter() - started)

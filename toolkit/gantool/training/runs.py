@@ -68,6 +68,8 @@ class RunInfo:
     train: list[dict[str, Any]] = field(default_factory=list)
     validation: list[dict[str, Any]] = field(default_factory=list)
     skipped_lines: int = 0  # unreadable lines in metrics.jsonl (a write cut short by kill -9)
+    unreadable_images: int = 0  # training images found undecodable (status.json)
+    first_unreadable: str | None = None
 
     @property
     def name(self) -> str:
@@ -187,6 +189,9 @@ def _read_into(info: RunInfo) -> None:
             info.status = FINISHED
         return
     info.status, info.reason, info.message = status["state"], status.get("reason"), status.get("message")
+    unreadable = status.get("unreadable_images")
+    if isinstance(unreadable, int) and not isinstance(unreadable, bool) and unreadable > 0:
+        info.unreadable_images, info.first_unreadable = unreadable, str(status.get("first_unreadable") or "?")
     if info.step is None or int(status.get("step") or 0) > info.step:
         info.step, info.phase = int(status.get("step") or 0), status.get("phase")
     info.total_steps = int(status.get("total_steps") or info.total_steps or 0) or info.total_steps
@@ -312,6 +317,10 @@ def run_report(info: RunInfo) -> str:
     lines.append(f"checkpoint:  {_checkpoint_text(info, info.path)}")
     if info.skipped_lines:
         lines.append(f"note:        {info.skipped_lines} unreadable line(s) in {METRICS_FILE} skipped")
+    if info.unreadable_images:
+        lines.append(
+            f"data:        {info.unreadable_images} unreadable image(s) skipped (first: {info.first_unreadable})"
+        )
     if (info.path / TENSORBOARD_DIR).is_dir():
         lines.append(f"tensorboard: tensorboard --logdir {info.path / TENSORBOARD_DIR}")
     return "\n".join(lines)

@@ -171,7 +171,7 @@ def scan_shard(path: Path) -> list[tuple[str, int, int]]:
                 end = info.offset_data + -(-info.size // TAR_BLOCK) * TAR_BLOCK
                 last = info.name
         except (OSError, tarfile.TarError) as e:
-            raise InputError(f"shard {path} is damaged after member {last or '(none)'} ({e})") from None
+            raise InputError(f"shard {path} is truncated or damaged after member {last or '(none)'} ({e})") from None
     if end > size:
         raise InputError(f"shard {path} is truncated: {size} bytes, but its member {last} ends at byte {end}")
     try:
@@ -275,14 +275,15 @@ class ShardSource(IndexedSource):
         scale_range: tuple[float, float] | None = None,
         index_dirs: Sequence[Path] = (),
         keep_index: bool = False,
+        index: DataIndex | None = None,
     ) -> None:
         from gantool.training.index import RUN_INDEX_FILE
 
         self.data = data
-        index = shard_index(data, [Path(d) / RUN_INDEX_FILE for d in index_dirs], keep_index)
+        if index is None:
+            index = shard_index(data, [Path(d) / RUN_INDEX_FILE for d in index_dirs], keep_index)
         super().__init__(index, scale_range)
         self._fds: dict[int, int] = {}
-        self._fd_pid = os.getpid()
 
     def empty_message(self) -> str:
         notes = self.index.notes
@@ -294,21 +295,26 @@ class ShardSource(IndexedSource):
     def describe(self, index: int) -> str:
         return f"{self.index.shards[int(self.index.parts[index])]}:{self.index.names[index]}"
 
-    def _fd(self, part: int) -> int:
-        if self._fd_pid != os.getpid():  # a forked worker: descriptors are shared, but pread needs no position
-            self._fd_pid = os.getpid()
-        fd = self._fds.get(part)
-        if fd is None:
-            if len(self._fds) >= MAX_OPEN_SHARDS:
-                self.close()
-            fd = os.open(self.index.shards[part], os.O_RDONLY)
-            self._fds[part] = fd
-        return fd
-
     def read_bytes(self, index: int) -> bytes:
+        """The member's bytes. The first MAX_OPEN_SHARDS shards a process reads stay open (a forked
+        worker shares its parent's: pread needs no file position); others are opened per read, so
+        no descriptor is ever closed under another thread's read."""
         part, offset, size = int(self.index.parts[index]), int(self.index.offsets[index]), int(self.index.sizes[index])
         try:
-            data = os.pread(self._fd(part), size, offset)
+            fd = self._fds.get(part)
+            if fd is not None:
+                data = os.pread(fd, size, offset)
+            elif len(self._fds) < MAX_OPEN_SHARDS:
+                fd = os.open(self.index.shards[part], os.O_RDONLY)
+                if self._fds.setdefault(part, fd) != fd:  # another thread opened it first
+                    os.close(fd)
+                data = os.pread(self._fds[part], size, offset)
+            else:
+                fd = os.open(self.index.shards[part], os.O_RDONLY)
+                try:
+                    data = os.pread(fd, size, offset)
+                finally:
+                    os.close(fd)
         except OSError as e:
             raise InputError(f"cannot read {self.describe(index)}: {e.strerror or e}") from None
         if len(data) != size:
