@@ -66,8 +66,8 @@ def toml_value(key: str, kind: str):
     if rule in ("pair", "rgb"):
         n = 2 if rule == "pair" else 3
         return "abc" if kind == "wrong_type" else [FLOATS[kind]] * n
-    if rule in ("str", "bool"):
-        return TEXTS[kind] if rule == "str" else SCALAR[kind] if kind != "wrong_type" else "yes"
+    if rule in ("str", "bool", "uri", "name"):
+        return TEXTS[kind] if rule in ("str", "uri", "name") else SCALAR[kind] if kind != "wrong_type" else "yes"
     return (FLOATS if rule.startswith("float") else SCALAR)[kind]
 
 
@@ -241,7 +241,8 @@ def test_cli_defaults_come_from_train_config():
 
 # Valid values for the keys whose default is "left out" (None), and for --out.
 OVERRIDES = {"out": "run", "fill": (0.5, 0.5, 0.5), "scale_min": 0.5, "scale_max": 1.0, "hole_min": 8,
-             "hole_max": 16, "init_from": "ck.pt", "lr_d": 1e-4, "amp": True, "channels_last": True}  # fmt: skip
+             "hole_max": 16, "init_from": "ck.pt", "lr_d": 1e-4, "amp": True, "channels_last": True,
+             "mlflow": "sqlite:///m.db"}  # fmt: skip
 
 
 def _valid_cli_value(key: str) -> list[str]:

@@ -58,10 +58,28 @@ class OneLineErrors(click.Command):
     """Bad option values are one line (no usage block), like every other error."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        given = list(args)  # click's parser consumes the list
         try:
             return super().parse_args(ctx, args)
+        except click.NoSuchOption as e:
+            # An option whose value is optional (--mlflow [URI]) leaves a value that starts with "-"
+            # to be read as an option: name the option it was given to.
+            owner = _optional_value_owner(self, given, e.option_name)
+            message = f"{owner} {e.option_name}: not a value {owner} takes" if owner else e.format_message()
+            raise click.ClickException(message) from None
         except click.UsageError as e:
             raise click.ClickException(e.format_message()) from None
+
+
+def _optional_value_owner(command: click.Command, args: list[str], token: str) -> str | None:
+    optional = {
+        name for p in command.params if isinstance(p, click.Option) and p._flag_needs_value for name in p.opts
+    }
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if (eq and value == token and name in optional) or (arg == token and i and args[i - 1] in optional):
+            return name if eq else args[i - 1]
+    return None
 
 
 @click.command(cls=OneLineErrors, epilog=HELP_EPILOG)
@@ -143,6 +161,17 @@ class OneLineErrors(click.Command):
 @config_option("log_every", "Append to metrics.jsonl every N steps.", type=int)
 @config_option("workers", "DataLoader worker processes.", type=int)
 @flag_option("tensorboard", 'Write TensorBoard logs to <run>/tensorboard/ (pip install "gantool[tensorboard]").')
+@config_option(
+    "mlflow",
+    "Track the run in MLflow: a tracking URI (sqlite:///mlflow.db, http://host:5000); alone, MLflow's default "
+    '(MLFLOW_TRACKING_URI, else its local store). pip install "gantool[mlflow]".',
+    show="off",
+    is_flag=False,
+    flag_value="",
+    metavar="[URI]",
+)
+@config_option("mlflow_experiment", "With --mlflow: the MLflow experiment.")
+@flag_option("mlflow_checkpoints", "With --mlflow: also upload every checkpoint to the MLflow run.")
 @config_option(
     "fill",
     "Pixel written into holes (R G B in [0, 1]).",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import sys
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -24,6 +25,7 @@ import tomli_w
 from gantool.core.constants import (
     BLOCK_ORDERS,
     DEFAULT_COLLECTIVE_TIMEOUT_S,
+    DEFAULT_MLFLOW_EXPERIMENT,
     HOLE_FILLS,
     MASK_KINDS,
     MAX_COLLECTIVE_TIMEOUT_S,
@@ -161,6 +163,11 @@ class TrainConfig:
     val_images: int = 8
     fill: tuple[float, float, float] | None = None  # None: mean pixel of the data
     tensorboard: bool = False  # event files under <run>/tensorboard/ (needs the tensorboard extra)
+    # An MLflow tracking URI (True or "": MLflow's own default), None: no MLflow. Resolved to an
+    # absolute URI before the run starts (gantool.training.tracking_mlflow), so a resume finds the store.
+    mlflow: str | bool | None = None
+    mlflow_experiment: str = DEFAULT_MLFLOW_EXPERIMENT
+    mlflow_checkpoints: bool = False  # also upload every checkpoint to the MLflow run
     # A new run starting from these weights (a gantool checkpoint, or a `gantool import` folder);
     # the model (architecture, widths, sizes, fill) is the checkpoint's. See gantool.training.init_from.
     init_from: str | None = None
@@ -188,6 +195,9 @@ class TrainConfig:
         self.model_config()
         if self.total_steps == 0:
             raise InputError("nothing to train: --steps-g, --steps-d and --steps-joint are all 0")
+        if self.mlflow is None and (self.mlflow_checkpoints or self.mlflow_experiment != DEFAULT_MLFLOW_EXPERIMENT):
+            given = "mlflow_checkpoints" if self.mlflow_checkpoints else "mlflow_experiment"
+            raise InputError(f"{given} (--{given.replace('_', '-')}) needs mlflow (--mlflow [URI])")
         if self.mask not in MASK_KINDS:
             raise InputError(f"mask = {self.mask!r}: expected one of {', '.join(MASK_KINDS)}")
         device = self.device.split(":", 1)
@@ -274,6 +284,9 @@ FIELD_RULES: dict[str, tuple[str, float | None, float | None]] = {
     "checkpoint_every": ("int", 1, MAX_STEPS),
     "keep_checkpoints": ("bool", None, None),
     "tensorboard": ("bool", None, None),
+    "mlflow": ("uri?", None, None),
+    "mlflow_experiment": ("name", None, None),
+    "mlflow_checkpoints": ("bool", None, None),
     "val_images": ("int", 1, 1024),
     "fill": ("rgb?", 0, 1),
     "init_from": ("str?", None, None),
@@ -286,6 +299,8 @@ EXPECTED = {
     "bool": "true or false",
     "pair": "two numbers",
     "rgb": "three numbers",
+    "uri": "a tracking URI with a scheme (sqlite:///runs.db, http://host:5000, file:/folder) or true (MLflow's default)",
+    "name": "a non-empty string",
 }
 
 
@@ -322,6 +337,12 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _is_tracking_uri(text: str) -> bool:
+    """An empty string (the default store) or a URI with a scheme (``sqlite:///x.db``, ``http://...``,
+    ``file:/abs``, ``databricks``): a bare word or number is a typo, never silently a folder store."""
+    return text == "" or text == "databricks" or re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:\S", text) is not None
+
+
 def check_value(key: str, value: Any) -> Any:
     """One option's value, checked for type and range (see FIELD_RULES)."""
     kind, low, high = FIELD_RULES[key]
@@ -340,6 +361,14 @@ def check_value(key: str, value: Any) -> Any:
         return value
     if base == "bool":
         if not isinstance(value, bool):
+            raise bad()
+        return value
+    if base == "uri":  # false: off; true or "": the tracking library's default
+        if not isinstance(value, (str, bool)) or (isinstance(value, str) and not _is_tracking_uri(value)):
+            raise bad()
+        return None if value is False else value
+    if base == "name":
+        if not isinstance(value, str) or not value.strip():
             raise bad()
         return value
     if base == "int":

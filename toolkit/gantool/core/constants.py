@@ -152,6 +152,8 @@ IMPORT_FORMATS = ("glcic-pytorch",)
 IMPORTED_PHASE = "imported"  # an imported checkpoint's phase: it was not trained by gantool
 SAMPLES_DIR = "samples"
 TENSORBOARD_DIR = "tensorboard"
+MLFLOW_RUN_FILE = "mlflow.json"  # the MLflow run a tracked run logs to (gantool.training.tracking_mlflow)
+DEFAULT_MLFLOW_EXPERIMENT = "gantool"
 RUN_EXPORT_DIR = "export"  # where `gantool export` writes by default
 
 # Multi-process training (gantool.training.distributed): how long a process waits in a collective

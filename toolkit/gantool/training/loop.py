@@ -94,6 +94,7 @@ from gantool.training.steps import (
     train_step,
 )
 from gantool.training.tracking import RunTracker, summary_writer_class
+from gantool.training.tracking_mlflow import MlflowStore, connect_mlflow, prepare_mlflow
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +177,7 @@ def prepare_run(
         if clashes:
             raise InputError(f"--resume: {', '.join(clashes)} differ from the checkpoint's model")
     cfg = adopt_init_model(cfg, chosen, resuming=state is not None)
-    cfg.validate()
+    cfg = prepare_mlflow(cfg.validate())  # its tracking URI absolute, so a resume finds the store
     check_utf8_path(cfg.data, "--data")
     check_utf8_path(cfg.out, "--out")
     cfg = cfg.replace(data=normalise_data(cfg.data))  # absolute and normalised: no "sub/.."
@@ -234,6 +235,7 @@ def _run(
     data = data_fingerprint(source, cfg.data)
     if state is not None:
         check_data_unchanged(state.get("data"), data, allow_data_change)
+    store = connect_mlflow(cfg)  # rank 0: a bad URI or a dead store fails here, before a run folder exists
     dist = setup_distributed(cfg.device, cfg.collective_timeout)
     release, made = None, False
     existed = plan.folder is not None and plan.folder.exists()  # an empty --out the user made is kept
@@ -254,6 +256,7 @@ def _run(
             progress,
             stop,
             result,
+            store,
         )
         return result
     except GantoolError as e:
@@ -320,6 +323,7 @@ def _train(
     progress: bool,
     stop: StopFlag,
     result: TrainResult,
+    store: MlflowStore | None = None,
 ) -> None:
     amp = use_amp(cfg, device)
     if amp and not amp_supported(device) and dist.is_main:
@@ -391,7 +395,8 @@ def _train(
     result.step, result.phase = step, phase_at(step, cfg)
     last_good = run_dir / CHECKPOINTS_DIR / LAST_CHECKPOINT if state is not None or step else None
     result.last_checkpoint, result.checkpoint_step = last_good, (step if last_good else None)
-    tracker = RunTracker(cfg, run_dir, step, result.phase, enabled=dist.is_main)  # rank 0 writes
+    tags = {"gantool.data_fingerprint": json.dumps(data), "gantool.world_size": str(dist.world_size)}
+    tracker = RunTracker(cfg, run_dir, step, result.phase, enabled=dist.is_main, mlflow=store, tags=tags)  # rank 0
     tracker.data_status = source.status
     saved_step: int | None = None
     start_step = step
@@ -414,7 +419,7 @@ def _train(
             except OSError:
                 atomic_save(keep, lambda tmp: tmp.write_bytes(path.read_bytes()))
         result.last_checkpoint, result.checkpoint_step = path, at_step
-        tracker.checkpointed(at_step)
+        tracker.checkpointed(at_step, path)
         return path
 
     def _save(path: Path, at_step: int) -> None:

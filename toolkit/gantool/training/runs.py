@@ -35,6 +35,7 @@ from gantool.training.tracking import (
     STATES,
     TENSORBOARD_INSTALL,
 )
+from gantool.training.tracking_mlflow import read_mlflow_record
 
 # Derived states (training never writes these).
 KILLED = "killed"  # status.json says running, but its process is gone (kill -9, a crash, a reboot)
@@ -68,6 +69,7 @@ class RunInfo:
     train: list[dict[str, Any]] = field(default_factory=list)
     validation: list[dict[str, Any]] = field(default_factory=list)
     skipped_lines: int = 0  # unreadable lines in metrics.jsonl (a write cut short by kill -9)
+    mlflow: dict[str, Any] | None = None  # the MLflow run it is tracked in (mlflow.json), if any
     unreadable_images: int = 0  # training images found undecodable (status.json)
     first_unreadable: str | None = None
 
@@ -158,7 +160,7 @@ def summarize_run(path: str | Path) -> RunInfo:
         raise InputError(f"{path} is not a folder")
     if not looks_like_run(path):
         raise InputError(f"{path} is not a gantool run folder (no config.toml, metrics.jsonl or checkpoints/)")
-    info = RunInfo(path=path, status=INCOMPLETE)
+    info = RunInfo(path=path, status=INCOMPLETE, mlflow=read_mlflow_record(path))
     try:
         _read_into(info)
     except (OSError, GantoolError, ValueError, TypeError, KeyError) as e:
@@ -275,8 +277,10 @@ def _checkpoint_text(info: RunInfo, relative_to: Path) -> str:
 
 
 def runs_table(runs: list[RunInfo]) -> str:
-    """One line per run: name, status, step/total, phase, last val PSNR, newest checkpoint."""
-    header = ("run", "status", "step", "phase", "val PSNR", "checkpoint")
+    """One line per run: name, status, step/total, phase, last val PSNR, (its MLflow run id, when any
+    run has one,) newest checkpoint."""
+    tracked = any(info.mlflow for info in runs)
+    header = ("run", "status", "step", "phase", "val PSNR", *(("mlflow run",) if tracked else ()), "checkpoint")
     rows = [header] + [
         (
             info.name,
@@ -284,6 +288,7 @@ def runs_table(runs: list[RunInfo]) -> str:
             _step_text(info),
             info.phase or "-",
             "-" if info.val_psnr is None else f"{info.val_psnr:.2f} dB",
+            *(((info.mlflow or {}).get("run_id", "-"),) if tracked else ()),
             _checkpoint_text(info, info.path),
         )
         for info in runs
@@ -315,6 +320,9 @@ def run_report(info: RunInfo) -> str:
         best = max(info.validation, key=lambda r: r["val_psnr"])
         lines.append(f"best PSNR:   {best['val_psnr']:.2f} dB at step {best['step']}")
     lines.append(f"checkpoint:  {_checkpoint_text(info, info.path)}")
+    if info.mlflow:
+        where = f"{info.mlflow.get('tracking_uri')} (experiment {info.mlflow.get('experiment')})"
+        lines.append(f"mlflow:      run {info.mlflow['run_id']} in {where}")
     if info.skipped_lines:
         lines.append(f"note:        {info.skipped_lines} unreadable line(s) in {METRICS_FILE} skipped")
     if info.unreadable_images:

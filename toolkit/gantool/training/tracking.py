@@ -11,7 +11,9 @@ writes). It
   outright for a sustained stretch;
 - keeps ``<run>/status.json`` (state, step, phase, newest checkpoint, pid), which
   ``gantool runs`` reads to tell a running run from a finished, stopped, failed or
-  killed one.
+  killed one;
+- with ``TrainConfig.mlflow``, sends the same to an MLflow run
+  (:mod:`gantool.training.tracking_mlflow`).
 
 torch's ``SummaryWriter`` imports the ``tensorboard`` package, so writing logs
 needs it, not only viewing them: it is the ``tensorboard`` extra, imported only
@@ -31,10 +33,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from gantool.core.config import TrainConfig, toml_text
-from gantool.core.constants import STATUS_FILE, TENSORBOARD_DIR
+from gantool import __version__
+from gantool.core.artifacts import META_VERSION
+from gantool.core.config import TrainConfig, toml_text, tomllib
+from gantool.core.constants import CHECKPOINTS_DIR, METRICS_FILE, RUN_CONFIG_FILE, STATUS_FILE, TENSORBOARD_DIR
 from gantool.core.errors import InputError, ProcessLostError, TrainingError, first_line
 from gantool.core.fileio import atomic_write_text
+from gantool.training.tracking_mlflow import RUN_FAILED, RUN_FINISHED, RUN_KILLED, MlflowRunLog, MlflowStore
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -197,8 +202,21 @@ class RunTracker:
     "failed" (``TrainingError``: a non-finite loss) unless :meth:`finish` ran.
     """
 
-    def __init__(self, cfg: TrainConfig, run_dir: Path, start_step: int, phase: str, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        run_dir: Path,
+        start_step: int,
+        phase: str,
+        enabled: bool = True,
+        mlflow: MlflowStore | None = None,
+        tags: Mapping[str, str] | None = None,
+    ) -> None:
+        """``mlflow``: the store to track the run in (connected before the run folder was made);
+        ``tags``: the MLflow run's tags (data fingerprint, world size)."""
         self.cfg, self.run_dir, self.enabled = cfg, Path(run_dir), enabled
+        self.mlflow_store, self.mlflow_tags = mlflow, dict(tags or {})
+        self.mlflow: MlflowRunLog | None = None
         self.step, self.phase = start_step, phase
         self.start_step = start_step
         self.checkpoint_step: int | None = start_step if start_step else None
@@ -212,6 +230,8 @@ class RunTracker:
     def __enter__(self) -> Self:
         if not self.enabled:
             return self
+        if self.mlflow_store is not None:
+            self._open_mlflow(self.mlflow_store)
         self._status(RUNNING)
         if self.cfg.tensorboard:
             writer_class = summary_writer_class()
@@ -243,6 +263,9 @@ class RunTracker:
                 raise
             log.warning("could not record the run's end in %s: %s", STATUS_FILE, first_line(e))
         finally:
+            if self.mlflow is not None:
+                mlflow, self.mlflow = self.mlflow, None
+                mlflow.close(self._mlflow_status(exc), trained=self._kept_anything())
             if self.writer is not None:
                 writer, self.writer = self.writer, None
                 try:
@@ -260,7 +283,11 @@ class RunTracker:
         if not self.enabled:
             return
         self.step, self.phase = int(record["step"]), str(record["phase"])
-        self.health.observe(record)
+        d_wins = self.health.observe(record)
+        if self.mlflow is not None:
+            self.mlflow.train(record, lr_g, lr_d)
+            if d_wins:
+                self.mlflow.tag("gantool.d_health", f"D wins outright from step {self.health.streak_start}")
         if self.writer is None:
             return
         step = self.step
@@ -279,6 +306,8 @@ class RunTracker:
             return
         self.step, self.phase = int(record["step"]), str(record["phase"])
         self._status(RUNNING)
+        if self.mlflow is not None:
+            self.mlflow.validation(record, sample_path)
         if self.writer is None:
             return
         for key, value in record.items():
@@ -292,11 +321,13 @@ class RunTracker:
         self.writer.add_image("val/samples", pixels, self.step, dataformats="HWC")
         self.writer.flush()  # a killed run keeps what it showed up to its last validation
 
-    def checkpointed(self, step: int) -> None:
+    def checkpointed(self, step: int, path: Path | None = None) -> None:
         if not self.enabled:
             return
         self.checkpoint_step = step
         self._status(RUNNING)
+        if self.mlflow is not None and path is not None:
+            self.mlflow.checkpointed(step, path)
 
     def finish(self, step: int, phase: str, interrupted: bool) -> None:
         """The loop ended without an error: finished, or stopped (a signal, or ``stop_after``)."""
@@ -307,6 +338,30 @@ class RunTracker:
             self._status(FINISHED)
         else:
             self._status(STOPPED, BY_SIGNAL if interrupted else EARLY_STOP)
+
+    def _open_mlflow(self, store: MlflowStore) -> None:
+        cfg = self.cfg
+        run = MlflowRunLog(store, self.run_dir, checkpoints=cfg.mlflow_checkpoints)
+        try:  # the resolved config as the run wrote it (with what "auto" chose: amp, channels_last)
+            config = (self.run_dir / RUN_CONFIG_FILE).read_text(encoding="utf-8")
+        except OSError:
+            config = toml_text(cfg.to_dict())
+        params = {k: v for k, v in tomllib.loads(config).items() if k != "out"}
+        tags = {META_VERSION: __version__, "gantool.run_folder": str(self.run_dir), **self.mlflow_tags}
+        tags.setdefault("gantool.world_size", "1")
+        run.open(self.start_step, params, tags, config, (cfg.lr, cfg.lr_d or cfg.lr))
+        self.mlflow = run
+
+    def _mlflow_status(self, exc: BaseException | None) -> str:
+        if self.finished:
+            return RUN_FINISHED if self.step >= self.cfg.total_steps else RUN_KILLED
+        return RUN_KILLED if exc is None or isinstance(exc, KeyboardInterrupt) else RUN_FAILED
+
+    def _kept_anything(self) -> bool:
+        """Whether the run folder keeps a checkpoint or a logged step (else it is removed, and so
+        is an MLflow run made for it)."""
+        metrics = self.run_dir / METRICS_FILE
+        return any((self.run_dir / CHECKPOINTS_DIR).glob("*.pt")) or (metrics.is_file() and metrics.stat().st_size > 0)
 
     def _status(self, state: str, reason: str | None = None, message: str | None = None) -> None:
         extra = self.data_status() if self.data_status is not None else None
