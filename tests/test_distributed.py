@@ -129,16 +129,21 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory, subprocess_env: dict[str, 
 # ------------------------------------------------------------------ the reference
 
 
-def reference_training(checkpoint: dict, steps: int, ranks: tuple[int, ...] = (0, 1)) -> SimpleNamespace:
+def reference_training(
+    checkpoint: dict, steps: int, ranks: tuple[int, ...] = (0, 1), source=None, items: int | None = None
+) -> SimpleNamespace:
     """Train ``steps`` steps in this process on the shares of ``ranks`` of each
-    global batch, each share with its own forward pass, averaging the gradients."""
+    global batch, each share with its own forward pass, averaging the gradients.
+    ``source``: the run's data (default: its synthetic images), of which ``items`` are trained on."""
     cfg = TrainConfig.from_dict(checkpoint["train_config"])
     model_cfg = ModelConfig.from_dict(checkpoint["model_config"])
     nets = build_networks(model_cfg, cfg, torch.device("cpu"), DistributedContext())
     opt_g, opt_d = build_optimizers(nets, cfg)
     G, D = nets.generator.train(), nets.discriminator.train()
-    dataset = InpaintingDataset(SyntheticSource(seed=cfg.seed), cfg.size, cfg.local_size, cfg.mask, cfg.hole_range())
-    samplers = [StepBatchSampler(len(dataset), cfg.batch_size, cfg.seed, 0, steps, r, WORLD) for r in ranks]
+    source = source if source is not None else SyntheticSource(seed=cfg.seed)
+    dataset = InpaintingDataset(source, cfg.size, cfg.local_size, cfg.mask, cfg.hole_range())
+    items = items if items is not None else len(dataset)
+    samplers = [StepBatchSampler(items, cfg.batch_size, cfg.seed, 0, steps, r, WORLD) for r in ranks]
     weight = 1.0 / len(ranks)
 
     def d_loss(real: torch.Tensor, fake: torch.Tensor, corners: torch.Tensor) -> torch.Tensor:
@@ -564,3 +569,36 @@ def test_a_silent_peer_ends_the_next_collective_within_the_collective_timeout(
     line = str(process_lost(context, closure, "at step 3"))
     assert line == ("process 0 of 2 lost contact with another process at step 3 (Application timeout caused pair "
                     "closure: no answer within --collective-timeout 0.25 s); it stopped without saving"), line
+
+
+@pytest.mark.slow  # torchrun: two training processes
+def test_a_two_process_run_on_webdataset_shards_matches_the_per_half_reference(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """Each rank reads its own share of each step's samples from the shards (by member offset):
+    the 2-process run equals one process training on the same samples, share by share."""
+    import io
+
+    import numpy as np
+    import webdataset as wds
+    from PIL import Image
+
+    from gantool.training.shards import ShardSource
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    with wds.ShardWriter(str(shards / "train-%06d.tar"), maxcount=5, verbose=0) as writer:
+        for i in range(15):
+            out = io.BytesIO()
+            Image.fromarray(np.random.default_rng(i).integers(0, 256, (36, 44, 3), dtype=np.uint8)).save(out, "PNG")
+            writer.write({"__key__": f"{i:06d}", "png": out.getvalue(), "cls": str(i % 3).encode()})
+    pattern = str(shards / "train-{000000..000002}.tar")
+    run_to_end([*TINY_ARGS, "--data", pattern, "--out", str(tmp_path / "run"), "--steps-g", "2", "--steps-d", "1",
+                "--steps-joint", "1", "--val-images", "3", "--sample-every", "4", "--checkpoint-every", "4"],
+               tmp_path, subprocess_env)  # fmt: skip
+    saved = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    assert saved["step"] == 4 and saved["data"]["kind"] == "shards" and saved["data"]["files"] == 15
+    ref = reference_training(saved, 4, source=ShardSource(pattern), items=15 - 3)
+    assert parameter_gap(ref.generator, saved["generator"]) < PARAM_ATOL
+    assert parameter_gap(ref.discriminator, saved["discriminator"]) < PARAM_ATOL
+    assert_moments_match(ref.opt_g, saved["opt_g"])
