@@ -172,9 +172,10 @@ def start_ray(ray: Any, request: RayServeRequest) -> tuple[bool, str]:
     resources = ray.cluster_resources()
     dashboard = getattr(context, "dashboard_url", None)
     where = f"dashboard http://{dashboard}" if dashboard else 'no dashboard (pip install "ray[default]")'
+    address = (getattr(context, "address_info", None) or {}).get("gcs_address", "?")
     return True, (
-        f"ray: started a local Ray instance ({resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs; "
-        f"{where}); it stops when gantool serve does"
+        f"ray: started a local Ray instance at {address} ({resources.get('CPU', 0):g} CPUs, "
+        f"{resources.get('GPU', 0):g} GPUs; {where}); it stops when gantool serve does"
     )
 
 
@@ -212,10 +213,11 @@ def stop_serving(ray: Any, started_here: bool, budget_s: float) -> None:
     then the local Ray instance, if it was started here (its processes end with it)."""
     from ray import serve
 
+    from gantool.inference.ray_connect import quiet_logger
     from gantool.serving.ray_serve import APP_NAME
 
     def teardown() -> None:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception), quiet_logger("ray.serve"):
             serve.delete(APP_NAME)  # the replicas drain; a local instance's Serve then ends with Ray
 
     worker = threading.Thread(target=teardown, name="gantool-serve-stop", daemon=True)

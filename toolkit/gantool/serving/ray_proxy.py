@@ -27,6 +27,7 @@ import os
 from collections.abc import MutableMapping
 from typing import Any
 
+from gantool.core.errors import first_line
 from gantool.serving.answers import NOSNIFF, common_headers, request_id_from
 from gantool.serving.limits import ASGIApp, Message, Receive, Scope, Send, error_body
 from gantool.serving.server import GuardedProtocol
@@ -100,10 +101,11 @@ class RayAnswers:
             (b"x-request-id", request_id.encode())
         ]
         origin = next((v for k, v in headers if k == b"origin"), None)
-        state: dict[str, Any] = {"ray": None}
+        state: dict[str, Any] = {"ray": None, "started": False}
 
         async def gantool_send(message: Message) -> None:
             if message["type"] == "http.response.start":
+                state["started"] = True
                 present = list(message.get("headers") or [])
                 if not _from_ray(present):  # the app's answer: Ray appended its X-Request-ID again
                     present = _one_request_id(present)
@@ -120,7 +122,16 @@ class RayAnswers:
                 return
             await send(message)
 
-        await self.app(scope, receive, gantool_send)
+        try:
+            await self.app(scope, receive, gantool_send)
+        except Exception as e:
+            if state["started"]:
+                raise
+            log.warning("request %s: %s", request_id, first_line(e))
+        if not state["started"]:
+            # Ray's routing ended without an answer (a replica that died under the request: Ray
+            # logs the error and sends nothing, so uvicorn would say "Internal Server Error").
+            await self._answer_for_ray(send, {"status": 500, "body": b""}, request_id, origin)
 
     async def _answer_for_ray(
         self, send: Send, ray: MutableMapping[str, Any], request_id: str, origin: bytes | None
