@@ -77,6 +77,17 @@ def test_every_path_option_works_relative_to_another_directory(tree: tuple[Path,
     _ok("train", "--init-from", p / "runs" / "a" / "checkpoints" / "last.pt", "--data", p / "data",
         "--out", p / "runs" / "b", "--config", p / "train.toml", "--batch-size", "2", "--steps-g", "1",
         "--steps-joint", "0", "--quiet")  # fmt: skip
+    # data pack: SOURCE, -o; data check: DATA (shards, a list); train --data: a shard pattern, a list file
+    _ok("data", "pack", p / "data", "-o", p / "shards", "--quiet")
+    assert "ok" in _ok("data", "check", p / "shards", "--quiet")
+    (real / "list.txt").write_text("data/p0.png\ndata/p2.png\n", encoding="utf-8")
+    _ok("data", "check", p / "list.txt", "--quiet")
+    for data, run in ((p / "shards" / "train-{000000..000000}.tar", "s"), (p / "list.txt", "l")):
+        _ok("train", "--data", data, "--out", p / "runs" / run, "--config", p / "train.toml", *tiny, "--steps-g", "1",
+            "--steps-joint", "0")  # fmt: skip
+    recorded = read_toml(real / "runs" / "s" / "config.toml")["data"]
+    assert recorded == str((real / "shards").resolve() / "train-{000000..000000}.tar"), recorded
+    assert read_toml(real / "runs" / "l" / "config.toml")["data"] == str((real / "list.txt").resolve())
     # runs: a folder of runs and one run, --plot
     listing = _ok("runs", p / "runs")
     assert "a" in listing and "b" in listing
