@@ -341,4 +341,12 @@ def _add_serve() -> None:
     bench.add_command(bench_serve)
 
 
+def _add_data() -> None:
+    # `bench data` (the training data loader) lives in its own module too.
+    from gantool.cli.bench_data_cmd import bench_data
+
+    bench.add_command(bench_data)
+
+
 _add_serve()
+_add_data()
