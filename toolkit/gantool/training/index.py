@@ -116,6 +116,7 @@ class DataIndex:
     parts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     offsets: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     notes: dict[str, Any] = field(default_factory=dict)  # kind-specific facts (a list's missing files)
+    digest: dict[str, Any] | None = None  # the fingerprint, once computed (kept in the file: no rehash per start)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -129,6 +130,8 @@ class DataIndex:
         sizes, mtimes in ns), so older checkpoints resume without a false alarm. Shards are
         digested by their members' names, offsets and sizes, not mtimes: a copy on another
         machine is the same data."""
+        if self.digest is not None:
+            return dict(self.digest)
         digest = hashlib.sha256()
         if self.kind == "shards":
             for shard in self.shards:
@@ -144,7 +147,8 @@ class DataIndex:
         record = {"path": self.spec, "files": len(self), "bytes": total, "sha256": digest.hexdigest()}
         if self.kind != "folder":
             record["kind"] = self.kind
-        return record
+        self.digest = record
+        return dict(record)
 
     # ------------------------------------------------------------------ current or not
 
@@ -180,6 +184,7 @@ class DataIndex:
             "repeated": self.repeated,
             "shards": self.shards,
             "notes": self.notes,
+            "fingerprint": self.fingerprint(),
             "names": _b64(blob),
             "name_ends": _b64(ends.astype("<i8").tobytes()),
             "sizes": _b64(self.sizes.astype("<i8").tobytes()),
@@ -220,6 +225,7 @@ class DataIndex:
             parts=parts,
             offsets=offsets,
             notes=dict(d.get("notes") or {}),
+            digest=dict(d["fingerprint"]) if isinstance(d.get("fingerprint"), dict) else None,
         )
 
 
