@@ -46,6 +46,9 @@ from gantool.serving.settings import ServeSettings
 APP_NAME = "gantool"
 DEPLOYMENT_NAME = "gantool"
 BUILDER_PATH = "gantool.serving.ray_serve:app_builder"
+# Test hook (tests/test_serve_ray.py): while the file this names exists, a replica's batches wait
+# (at most 60 s), so a test can hold requests inside a replica.
+GATE_ENV = "GANTOOL_TEST_SERVE_GATE"
 
 
 # --------------------------------------------------------------------------- the model's files
@@ -166,6 +169,10 @@ class ServeBatchRunner(ModelRunner):
 
     async def run(self, jobs: list[_Job]) -> None:
         loop = asyncio.get_running_loop()
+        gate = os.environ.get(GATE_ENV)
+        deadline = loop.time() + 60
+        while gate and os.path.exists(gate) and loop.time() < deadline:  # a test holds the model
+            await asyncio.sleep(0.05)
         for batch in self.split_by_pixels(jobs):
             await loop.run_in_executor(self.model_thread, self._run, batch)
 
@@ -302,12 +309,13 @@ def deployment_options(settings: ServeSettings, plan: ReplicaPlan) -> dict[str, 
     gantool's own admission (``--max-queue`` requests inside a replica, then 503 JSON with
     ``Retry-After``) answers first: Ray lets twice as many requests into a replica
     (``max_ongoing_requests``: the rest are bodies still arriving, or the page and health
-    checks), and queues at most ``--max-queue`` more in each proxy (``max_queued_requests``),
-    over which Ray's proxy answers 503 itself."""
+    checks), and queues at most four times ``--max-queue`` more in each proxy
+    (``max_queued_requests``: Ray counts a request there until a replica is chosen for it, so
+    a burst passes through it), over which Ray's proxy answers 503 itself."""
     options: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": plan.cpus, "num_gpus": plan.gpus},
         "max_ongoing_requests": max(2 * settings.max_queue, settings.max_batch),
-        "max_queued_requests": settings.max_queue,
+        "max_queued_requests": 4 * settings.max_queue,
         "graceful_shutdown_timeout_s": settings.shutdown_timeout,
         "graceful_shutdown_wait_loop_s": 0.2,
     }
