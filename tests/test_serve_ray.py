@@ -387,9 +387,10 @@ def test_a_client_that_left_costs_no_model_run(served: RayServer, ray_env: dict[
 
 
 def load(
-    url: str, body: bytes, kind: str, expected: bytes, stop: threading.Event, clients: int = 4
+    url: str, body: bytes, kind: str, expected: bytes, stop: threading.Event, clients: int = 2
 ) -> list[tuple[float, float, int, str]]:
-    """Clients posting until ``stop``; each answer as (sent, answered, status, what: png/json/OTHER)."""
+    """Clients posting until ``stop`` (no more than one replica admits: a lost replica's load fits
+    the other); each answer as (sent, answered, status, what: png, json: ERROR or OTHER ...)."""
     results: list[tuple[float, float, int, str]] = []
     lock = threading.Lock()
 
@@ -401,7 +402,7 @@ def load(
                     r = session.post(url + "/v1/inpaint", content=body, headers={"content-type": kind})
                     status, what = r.status_code, "png" if r.content == expected else f"OTHER {r.text[:80]}"
                     if r.headers.get("content-type") == "application/json" and "error" in r.json():
-                        what = "json"
+                        what = "json: " + r.json()["error"]
                 except httpx.HTTPError as e:
                     status, what = 0, f"OTHER {e!r}"
                 with lock:
@@ -444,9 +445,10 @@ def test_a_replica_killed_under_load_is_restarted_and_its_requests_get_json_503(
     time.sleep(8)
     stop.set()
     loader.join(120)
-    assert not [r for r in results if r[3] not in ("png", "json")], results  # no wrong image, no non-JSON
+    assert not [r for r in results if r[3] != "png" and not r[3].startswith("json: ")], results  # no wrong image
     failed = [r for r in results if r[2] != 200]
-    assert all(r[2] == 503 and r[0] < killed_at + 1 for r in failed), failed  # only those in flight on it
+    lost = "json: the replica running this request stopped before it answered; retry"
+    assert all(r[2] == 503 and r[3] == lost and r[0] < killed_at + 1 for r in failed), failed  # in flight on it
     later = [r for r in results if r[0] > killed_at + 1]
     assert later and all(r[2] == 200 for r in later)
     assert min(r[1] for r in results if r[2] == 200 and r[1] > killed_at) - killed_at < 10
