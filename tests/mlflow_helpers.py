@@ -85,9 +85,12 @@ def sqlite_uri(path: Path) -> str:
 
 
 def client_for(uri: str):
-    import mlflow
+    from gantool.training.tracking_mlflow import import_mlflow, quiet_mlflow
 
-    return mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    with quiet_mlflow():  # SQLAlchemy's deprecation warning as MLflow sets its store up
+        client = import_mlflow().MlflowClient(tracking_uri=uri, registry_uri=uri)
+        client.search_experiments(max_results=1)  # the store's set-up happens here, not in a test's assert
+    return client
 
 
 def runs_of(uri: str, experiment: str, deleted: bool = False) -> list:

@@ -222,3 +222,116 @@ def test_importing_the_training_modules_does_not_import_mlflow(subprocess_env):
     result = subprocess.run([sys.executable, "-c", code], env=subprocess_env, capture_output=True, text=True,
                             check=True)  # fmt: skip
     assert result.stdout.strip() == "False"
+
+
+# ------------------------------------------------------------------ slow: processes, a real server, DDP
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A real ``mlflow server`` (SQLite backend, artifact upload) on a loopback port, for the module."""
+    from mlflow_helpers import start_mlflow_server
+
+    started = start_mlflow_server(tmp_path_factory.mktemp("server"))
+    yield started
+    started.stop()
+
+
+LONG_RUN = [*TINY_ARGS, "--steps-g", "100000", "--steps-d", "0", "--steps-joint", "0", "--log-every", "1",
+            "--sample-every", "4", "--no-keep-checkpoints"]  # fmt: skip
+
+
+def start_training(args: list[str], cwd: Path) -> subprocess.Popen:
+    from conftest import TOOLKIT
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(TOOLKIT), os.environ.get("PYTHONPATH", "")) if p))
+    return subprocess.Popen([sys.executable, "-m", "gantool", "train", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    path = run_dir / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        lines = path.read_text().splitlines() if path.exists() else []
+        if any(json.loads(line).get("step", 0) >= step for line in lines if line.strip().endswith("}")):
+            return
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail(f"training did not reach step {step} within {timeout} s")
+
+
+@pytest.mark.slow  # three training processes against a real server
+def test_a_server_tracked_run_killed_with_sigkill_then_sigterm_resumes_with_every_step_once(server, tmp_path):
+    import signal
+
+    out = tmp_path / "run"
+    first = start_training(["--out", str(out), *LONG_RUN, "--checkpoint-every", "5", "--mlflow", server.url,
+                            "--mlflow-experiment", "killed"], tmp_path)  # fmt: skip
+    wait_for_step(first, out, 8)
+    time.sleep(1.0)  # the sender catches up: the server holds steps past the step-5 checkpoint
+    first.kill()  # SIGKILL: no handler runs
+    first.communicate(timeout=60)
+    run_id = json.loads((out / "mlflow.json").read_text())["run_id"]
+    assert client_for(server.url).get_run(run_id).info.status == "RUNNING"  # as a killed process leaves it
+    sent = max(step for step, _ in histories(server.url, run_id)["train/images_per_s"])
+    assert sent > 5  # steps after the last checkpoint reached the store, and will be trained again
+
+    second = start_training(["--resume", str(out)], tmp_path)
+    wait_for_step(second, out, sent + 3)
+    second.send_signal(signal.SIGTERM)
+    _, stderr = second.communicate(timeout=120)
+    assert second.returncode == 143, stderr
+    assert "MLflow" not in stderr  # no warning: the store answered throughout
+    assert client_for(server.url).get_run(run_id).info.status == "KILLED"
+
+    result = train({"steps_g": json.loads((out / "status.json").read_text())["step"] + 2}, resume=out, progress=False)
+    run = run_of(server.url, "killed")
+    assert run.info.run_id == run_id and run.info.status == "FINISHED"
+    found = assert_every_step_once(server.url, run_id, out)
+    assert [s for s, _ in found["train/images_per_s"]] == list(range(1, result.step + 1))
+    grids = {a.path for a in client_for(server.url).list_artifacts(run_id, "samples")}
+    assert grids == {f"samples/step_{s}.png" for s in range(4, result.step + 1, 4)} | {f"samples/step_{result.step}.png"}
+    uploaded = server.folder / "artifacts"
+    assert any(uploaded.rglob("step_4.png"))  # through the server's artifact upload, into its folder
+
+
+@pytest.mark.slow  # a server of its own, killed while a training process sends to it
+def test_a_server_killed_mid_run_is_one_warning_and_the_run_goes_on(tmp_path):
+    from mlflow_helpers import start_mlflow_server
+
+    doomed = start_mlflow_server(tmp_path / "doomed")
+    try:
+        out = tmp_path / "run"
+        proc = start_training(["--out", str(out), *TINY_ARGS, "--steps-g", "60", "--steps-d", "0", "--steps-joint",
+                               "0", "--log-every", "1", "--checkpoint-every", "20", "--sample-every", "20",
+                               "--mlflow", doomed.url, "--mlflow-experiment", "doomed"], tmp_path)  # fmt: skip
+        wait_for_step(proc, out, 5)
+        doomed.stop()  # SIGKILL to the server and its workers
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        doomed.stop()
+    assert proc.returncode == 0, stderr
+    warnings = [line for line in stderr.splitlines() if "MLflow" in line]
+    assert len(warnings) == 1 and doomed.url in warnings[0] and "training goes on" in warnings[0], stderr
+    assert "Traceback" not in stderr
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(set(steps)) == list(range(1, 61))  # the run folder keeps everything
+    assert json.loads((out / "status.json").read_text())["state"] == "finished"
+    assert {p.name for p in (out / "samples").iterdir()} == {"step_20.png", "step_40.png", "step_60.png"}
+
+
+@pytest.mark.slow  # torchrun: two processes
+def test_two_ddp_processes_make_one_mlflow_run(tmp_path, subprocess_env):
+    from test_distributed import TINY_ARGS as DDP_ARGS
+    from test_distributed import run_to_end
+
+    uri = sqlite_uri(tmp_path / "ddp.db")
+    out = tmp_path / "run"
+    run_to_end([*DDP_ARGS, "--out", str(out), "--steps-g", "2", "--steps-d", "1", "--steps-joint", "2",
+                "--sample-every", "5", "--mlflow", uri, "--mlflow-experiment", "ddp"], tmp_path, subprocess_env)  # fmt: skip
+    run = run_of(uri, "ddp")  # one run: rank 1 never touched the store
+    assert run.info.status == "FINISHED" and run.data.tags["gantool.world_size"] == "2"
+    found = assert_every_step_once(uri, run.info.run_id, out)
+    assert [s for s, _ in found["train/images_per_s"]] == [1, 2, 3, 4, 5]
