@@ -525,15 +525,15 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "relative_data_kept_relative",
         "training/loop.py",
-        'cfg = cfg.replace(data=str(Path(cfg.data).resolve()))  # absolute and normalised: no "sub/.."',
+        'cfg = cfg.replace(data=normalise_data(cfg.data))  # absolute and normalised: no "sub/.."',
         "pass",
         ("test_train_faults.py::test_relative_data_is_recorded_absolute_and_resume_elsewhere_trains_on_it",),
     ),
     Mutant(
         "data_change_not_refused",
-        "training/data.py",
-        "    if not differs:\n        return\n    what",
-        "    if True:\n        return\n    what",
+        "training/sources.py",
+        "    if not differs:\n        return\n    text",
+        "    if True:\n        return\n    text",
         ("test_train_faults.py::test_resume_on_changed_or_other_data_is_refused_unless_allowed",),
     ),
     Mutant(
@@ -559,10 +559,42 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "bad_image_warned_every_time",
-        "training/data.py",
+        "training/sources.py",
         "            if self.bad[i]:\n                continue",
         "            if False:\n                continue",
-        ("test_train_faults.py::test_a_truncated_jpeg_is_warned_about_once_and_a_held_out_one_is_not_replaced",),
+        ("test_train_faults.py::test_a_truncated_jpeg_is_warned_about_once_and_a_held_out_one_is_not_replaced",
+         "test_networks_masks_data.py::test_unreadable_files_are_skipped_and_counted"),
+    ),
+    # ------------------------------------------------ training data at scale: the index, shards (#43)
+    Mutant(
+        "data_index_never_stale",
+        "training/index.py",
+        "            if st.st_mtime_ns != mtime or (size >= 0 and st.st_size != size):",
+        "            if False:",
+        ("test_data_sources.py::test_a_folder_is_indexed_once_and_the_index_is_reused_until_the_folder_changes",),
+        why="an image added to the folder is never seen: the old index is reused",
+    ),
+    Mutant(
+        "data_index_racy_trusted",
+        "training/index.py",
+        "            if mtime >= self.built_ns - (RACY_COARSE_NS if mtime % 1_000_000_000 == 0 else RACY_NS):",
+        "            if False:",
+        ("test_data_sources.py::test_an_index_built_right_after_a_change_is_not_trusted",),
+        why="a file added in the scan's clock tick would go unnoticed for good",
+    ),
+    Mutant(
+        "unreadable_images_not_kept_across_resume",
+        "training/loop.py",
+        '"data_unreadable": source.unreadable_indices(),',
+        '"data_unreadable": [],',
+        ("test_data_sources.py::test_a_member_that_is_not_an_image_is_skipped_counted_and_a_sample_without_one_left_out",),
+    ),
+    Mutant(
+        "shard_member_read_at_the_wrong_offset",
+        "training/shards.py",
+        "            names.append(member[0])\n            parts.append(part)\n            offsets.append(member[1])",
+        "            names.append(member[0])\n            parts.append(part)\n            offsets.append(member[1] - 512)",
+        ("test_data_sources.py::test_shards_are_read_at_random_and_match_a_folder_of_the_same_images",),
     ),
     # ------------------------------------------------ the same input means the same thing (issue #23)
     Mutant(

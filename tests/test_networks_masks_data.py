@@ -162,6 +162,13 @@ def test_unreadable_files_are_skipped_and_counted(tmp_path):
         source.load(i, 24, rng)
     assert sorted(Path(p).name for p in source.skipped) == ["corrupt.png", "empty.jpg"]
     assert source.unreadable() == (2, str(tmp_path / "corrupt.png"))
+    read = []
+    real_read = source.read
+    source.read = lambda i: read.append(i) or real_read(i)
+    for i in range(len(source)):
+        source.load(i, 24, rng)
+    bad = {i for i in range(len(source)) if source.paths[i].name in ("corrupt.png", "empty.jpg")}
+    assert len(bad) == 2 and not bad & set(read)  # an image found unreadable is never read again
 
 
 def test_truncated_image_is_replaced_by_the_next_one(tmp_path, caplog):

@@ -83,7 +83,11 @@ def _optional_value_owner(command: click.Command, args: list[str], token: str) -
 
 
 @click.command(cls=OneLineErrors, epilog=HELP_EPILOG)
-@config_option("data", "Image folder (recursive) or 'synthetic'.")
+@config_option(
+    "data",
+    "Image folder (recursive), list file (an image path per line), WebDataset shards (a .tar, a brace pattern "
+    "like 'shards/train-{000000..000099}.tar', a gantool data pack folder) or 'synthetic'.",
+)
 @config_option(
     "out",
     "Run folder: new or empty (an existing run is never written into, except by --resume).",
@@ -181,7 +185,7 @@ def _optional_value_owner(command: click.Command, args: list[str], token: str) -
 @click.option(
     "--allow-data-change",
     is_flag=True,
-    help="With --resume: continue on a data folder other than (or changed from) the checkpoint's.",
+    help="With --resume: continue on data (a folder, list or shards) other than (or changed from) the checkpoint's.",
 )
 @click.option(
     "--nproc-per-node",
