@@ -36,9 +36,18 @@ pytest.importorskip("fastapi", reason="the serve extra is not installed")
 pytest.importorskip("ray.serve", reason="the ray extra is not installed")
 
 from gantool.cli import cli
+from gantool.core.errors import GantoolError, InputError
 from gantool.serving.ray_serve import (
     GATE_ENV,
+    ConfigRequest,
+    app_builder,
+    deployment_options,
+    plan_replicas,
+    read_model_files,
+    serve_config,
+    settings_from_args,
 )
+from gantool.serving.settings import ServeSettings
 from inpaint_helpers import ExportedModel, exported_model, textured_rgb  # noqa: F401 (fixture)
 from serve_helpers import encode, multipart, raw_connect, read_response
 
@@ -459,3 +468,284 @@ def test_a_replica_killed_under_load_is_restarted_and_its_requests_get_json_503(
             break
         time.sleep(1)
     assert len(ids) == 2 and victim["id"] not in ids, ids
+
+
+# --------------------------------------------------------------------- stopping (slow tier)
+
+
+@pytest.mark.slow  # its own Ray instance: ~20 s on 2 cores
+def test_sigterm_stops_the_application_and_its_ray_instance_within_the_timeout(
+    exported_model: ExportedModel, ray_env: dict[str, str]
+) -> None:
+    gate = Path(ray_env[GATE_ENV])
+    args = ["--model", str(exported_model.folder), "--provider", "cpu", "--backend", "onnx", "--shutdown-timeout", "2"]
+    server = RayServer(args, ray_env)
+    try:
+        assert server.ray_pids, "no Ray process found below gantool serve"
+        body, kind, _, _ = upload(seed=6)
+        gate.touch()  # a request the model holds while the signal comes
+        running = raw_post(server.url, body, kind)
+        time.sleep(1.5)
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(30) == 143
+        took = time.monotonic() - started
+        running.settimeout(10)
+        with contextlib.suppress(OSError):
+            answer = running.recv(65536)
+            # no answer (the replica was stopped at the end of the timeout), or a JSON one; never a 500
+            assert answer == b"" or b'{"error": ' in answer or answer.startswith(b"HTTP/1.1 200"), answer[:300]
+        assert took < 2 + 8, took  # --shutdown-timeout, then Ray's own stop
+        assert not wait_gone(server.ray_pids, 15), "Ray processes left behind"
+        stderr = server.stderr()
+        assert "Traceback" not in stderr and "SIGTERM: stopping; running requests get up to 2 s" in stderr, stderr
+        assert stderr.rstrip().endswith("stopped"), stderr
+    finally:
+        gate.unlink(missing_ok=True)
+        server.close()
+
+
+@pytest.mark.slow  # its own Ray instance: ~20 s on 2 cores
+def test_a_second_sigint_exits_at_once_and_leaves_no_ray_process(
+    exported_model: ExportedModel, ray_env: dict[str, str]
+) -> None:
+    args = ["--model", str(exported_model.folder), "--provider", "cpu", "--backend", "onnx", "--shutdown-timeout", "60"]
+    server = RayServer(args, ray_env)
+    try:
+        gate = Path(ray_env[GATE_ENV])
+        gate.touch()  # a running request keeps the graceful stop waiting
+        body, kind, _, _ = upload(seed=7)
+        running = raw_post(server.url, body, kind)
+        time.sleep(1.5)
+        server.process.send_signal(signal.SIGINT)
+        time.sleep(1.0)
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGINT)
+        assert server.process.wait(15) == 130 and time.monotonic() - started < 10
+        running.close()
+        assert not wait_gone(server.ray_pids, 15), "Ray processes left behind"
+        stderr = server.stderr()
+        assert "Traceback" not in stderr and "SIGINT again, exiting now" in stderr, stderr
+    finally:
+        Path(ray_env[GATE_ENV]).unlink(missing_ok=True)
+        server.close()
+
+
+# ------------------------------------------------------------------ several nodes (slow tier)
+
+
+@pytest.mark.slow  # a two-node cluster and a deployment on it: ~30 s on 2 cores
+def test_replicas_on_two_nodes_both_answer_the_same_pixels(
+    exported_model: ExportedModel, ray_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from ray.cluster_utils import Cluster
+
+    from gantool.serving.ray_launch import PROXY_CALLBACK, PROXY_CALLBACK_ENV
+
+    monkeypatch.setenv(PROXY_CALLBACK_ENV, PROXY_CALLBACK)  # as a cluster of one's own would set it
+    monkeypatch.setenv("PYTHONPATH", ray_env["PYTHONPATH"])
+    cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1})
+    server = None
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        args = ["--model", str(exported_model.folder), "--provider", "cpu", "--backend", "onnx", "--replicas", "2",
+                "--ray-address", cluster.address]  # fmt: skip
+        server = RayServer(args, ray_env)
+        assert f"ray: Ray cluster at {cluster.address} (2 CPUs, 0 GPUs, 2 node(s))" in "\n".join(server.lines)
+        body, kind, rgb, mask = upload(seed=8)
+        expected = cli_inpaint(exported_model, rgb, mask, tmp_path)
+        with futures.ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda _: post(server.url, body, kind), range(8)))
+        assert all(a.status_code == 200 and a.content == expected for a in answers)
+        healths = replica_healths(server)
+        assert len({h["replica"]["node"] for h in healths.values()}) == 2, healths  # one replica per node
+        assert all(h["images"] >= 1 for h in healths.values()), healths  # both answered
+        server.close()
+        assert server.process.returncode == 143
+    finally:
+        if server is not None:
+            server.close()
+        cluster.shutdown()
+
+
+# ------------------------------------------------------------------- Ray's own CLI (slow tier)
+
+
+@pytest.mark.slow  # Ray's `serve run` starts a Ray instance of its own: ~30 s on 2 cores
+def test_rays_serve_run_on_the_written_config_gives_the_same_pixels(
+    exported_model: ExportedModel, ray_env: dict[str, str], tmp_path: Path
+) -> None:
+    from gantool.serving.ray_launch import PROXY_CALLBACK, PROXY_CALLBACK_ENV, free_port
+
+    port = free_port("127.0.0.1")
+    config = tmp_path / "serve config ü.yaml"
+    written = CliRunner().invoke(
+        cli,
+        ["serve", "--ray", "--write-config", str(config), "--model", str(exported_model.folder), "--provider", "cpu",
+         "--backend", "onnx", "--replicas", "1", "--port", str(port), "--api-key", "s3cret"],
+    )  # fmt: skip
+    assert written.exit_code == 0 and f"wrote {config}" in written.output, written.output
+    assert "s3cret" not in config.read_text() and "GANTOOL_API_KEY" in written.output  # never in the file
+    serve_bin = Path(sys.executable).with_name("serve")
+    env = {**ray_env, PROXY_CALLBACK_ENV: PROXY_CALLBACK, "GANTOOL_API_KEY": "s3cret"}
+    process = subprocess.Popen([str(serve_bin), "run", str(config), "--address", "local"], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    pids: set[int] = set()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and process.poll() is None:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/readyz", timeout=5).status_code == 200:
+                    break
+            time.sleep(0.5)
+        assert process.poll() is None, process.stderr.read() if process.stderr else ""
+        pids = descendants(process.pid)
+        body, kind, rgb, mask = upload(seed=9)
+        assert post(url, body, kind).status_code == 401  # the key came from the environment
+        answer = post(url, body, kind, authorization="Bearer s3cret")
+        assert answer.status_code == 200 and answer.content == cli_inpaint(exported_model, rgb, mask, tmp_path)
+    finally:
+        pids |= descendants(process.pid)
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        kill_all(pids if wait_gone(pids, 20) else set())
+
+
+# ----------------------------------------------------------------- options, plans, files (fast)
+
+
+def test_replica_plans_and_what_the_cluster_cannot_meet() -> None:
+    plan = plan_replicas(2, 0, replicas=2)
+    assert (plan.replicas, plan.cpus, plan.threads) == (2, 1.0, 1)
+    assert plan_replicas(8, 0, replicas=2).threads == 4  # the cores shared: 2 x 4 <= 8
+    auto = plan_replicas(8, 0, min_replicas=1, max_replicas=4)
+    assert (auto.replicas, auto.cpus, auto.threads) == (None, 2.0, 2)  # split by the most there can be
+    assert plan_replicas(2, 0, replicas=1, replica_cpus=0.5).threads == 1
+    for kwargs, needle in [
+        ({"replicas": 3}, "3 replica(s) x 1 CPU need more than the Ray cluster's 2 CPUs"),
+        ({"replicas": 2, "min_replicas": 1, "max_replicas": 2}, "not both"),
+        ({"min_replicas": 1}, "needs both"),
+        ({"min_replicas": 3, "max_replicas": 2}, "min <= max"),
+        ({"replicas": 1, "replica_gpus": 1.0}, "1 replica(s) x 1 GPU need more than the Ray cluster's 0 GPUs"),
+    ]:
+        with pytest.raises(InputError, match=re.escape(needle)):
+            plan_replicas(2, 0, **kwargs)
+
+
+def test_deployment_options_put_gantools_admission_before_rays() -> None:
+    settings = ServeSettings(max_queue=5, max_batch=8, shutdown_timeout=3)
+    fixed = deployment_options(settings, plan_replicas(4, 1, replicas=2, replica_gpus=0.5))
+    assert fixed["num_replicas"] == 2 and fixed["ray_actor_options"] == {"num_cpus": 2.0, "num_gpus": 0.5}
+    assert fixed["max_ongoing_requests"] == 10 and fixed["max_queued_requests"] == 20  # > --max-queue: gantool first
+    assert fixed["graceful_shutdown_timeout_s"] == 3
+    scaled = deployment_options(settings, plan_replicas(4, 0, min_replicas=0, max_replicas=4))
+    assert scaled["autoscaling_config"] == {"min_replicas": 0, "max_replicas": 4, "target_ongoing_requests": 8}
+    assert "num_replicas" not in scaled
+
+
+def test_builder_arguments_are_checked_and_typed() -> None:
+    settings = settings_from_args({"max_queue": "4", "batch_wait_ms": "2.5", "allowed_hosts": "a,b", "api_key": "k"})
+    assert (settings.max_queue, settings.batch_wait_ms, settings.allowed_hosts, settings.api_key) == (
+        4, 2.5, ("a", "b"), "k")  # fmt: skip
+    with pytest.raises(InputError, match=r"max_queue='many': expected a int"):
+        settings_from_args({"max_queue": "many"})
+    with pytest.raises(InputError, match=r"unknown gantool serve argument\(s\) replica_count"):
+        app_builder({"replica_count": "2"})
+    with pytest.raises(GantoolError, match="model not found"):
+        app_builder({"model": "/no/such/model"})
+
+
+def test_the_model_files_open_the_same_model_from_any_folder(exported_model: ExportedModel, tmp_path: Path) -> None:
+    files = read_model_files(exported_model.folder, "cpu", "onnx")
+    assert files.folder == exported_model.folder.name and files.open_file is None
+    assert "generator.onnx" in files.files and all(isinstance(b, bytes) for b in files.files.values())
+    first = files.materialise(tmp_path)
+    again = files.materialise(tmp_path)  # a restarted replica on the node: the same copy, not another
+    assert first == again and len(list(tmp_path.iterdir())) == 1
+    assert {p.name: p.read_bytes() for p in first.iterdir()} == files.files
+    single = read_model_files(exported_model.folder / "generator.onnx", "cpu", "onnx")
+    assert single.open_file == "generator.onnx" and single.materialise(tmp_path).name == "generator.onnx"
+
+
+def test_the_written_config_is_one_rays_schema_accepts(exported_model: ExportedModel, tmp_path: Path) -> None:
+    import yaml
+    from ray.serve.schema import ServeDeploySchema
+
+    target = tmp_path / "serve.yaml"
+    args = ["serve", "--ray", "--write-config", str(target), "--model", str(exported_model.folder), "--max-queue",
+            "7", "--min-replicas", "1", "--max-replicas", "3", "--port", "9123", "--cors-origin", "https://a.example"]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    config = ServeDeploySchema.model_validate(yaml.safe_load(target.read_text()))
+    assert config.http_options.port == 9123 and config.http_options.host == "127.0.0.1"
+    (app,) = config.applications
+    assert app.import_path == "gantool.serving.ray_serve:app_builder" and app.route_prefix == "/"
+    assert app.args["model"] == str(exported_model.folder.resolve()) and app.args["max_queue"] == 7
+    assert (app.args["min_replicas"], app.args["max_replicas"]) == (1, 3)
+    assert app.args["cors_origins"] == ["https://a.example"]
+    assert serve_config(ConfigRequest({"model": "m"}, "0.0.0.0", 80))["http_options"] == {"host": "0.0.0.0", "port": 80}
+    again = CliRunner().invoke(cli, args)  # never over an existing file
+    assert again.exit_code == 1 and "exists" in again.output and "Traceback" not in again.output
+
+
+def test_ray_options_need_ray_and_a_wrong_address_fails_in_one_line(exported_model: ExportedModel) -> None:
+    result = CliRunner().invoke(cli, ["serve", "--replicas", "2", "--port", "0"])
+    assert result.exit_code == 2 and "--replicas needs --ray" in result.output
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))  # bound, never listening: a closed port
+        port = sock.getsockname()[1]
+        started = time.monotonic()
+        result = CliRunner().invoke(
+            cli,
+            ["serve", "--ray", "--ray-address", f"127.0.0.1:{port}", "--ray-timeout", "2", "--model",
+             str(exported_model.folder), "--provider", "cpu", "--backend", "onnx", "--port", "0"],
+        )  # fmt: skip
+    assert result.exit_code == 1 and time.monotonic() - started < 15
+    assert f"cannot reach the Ray cluster at 127.0.0.1:{port}" in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def test_without_ray_serve_it_says_which_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_ray(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "ray" or name.startswith("ray."):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    result = CliRunner().invoke(cli, ["serve", "--ray", "--port", "0"])
+    assert result.exit_code == 1 and 'gantool serve --ray needs Ray Serve: pip install "gantool[ray]"' in result.output
+
+
+def test_the_guard_refuses_large_headers_itself(exported_model: ExportedModel) -> None:
+    # Behind a front that reads headers of any size (Ray's proxy without gantool's hook), the app's
+    # own guard answers 431; before, such headers reached the app.
+    from fastapi.testclient import TestClient
+
+    from gantool import Inpainter
+    from gantool.serving.app import build_app
+
+    app = build_app(Inpainter(exported_model.folder, "cpu", "onnx"), ServeSettings(max_header_kb=1))
+    with TestClient(app) as client:
+        response = client.get("/healthz", headers={"X-Big": "a" * 2000})
+        assert response.status_code == 431 and response.json() == {"error": "the request headers are over 1 KB"}
+        assert response.headers["x-content-type-options"] == "nosniff"
+        assert client.get("/healthz", headers={"X-Small": "a" * 500}).status_code == 200
+
+
+def test_batches_are_cut_at_the_pixel_budget() -> None:
+    from concurrent.futures import Future
+
+    from gantool.serving.batcher import ModelRunner, _Job
+
+    runner = ModelRunner(backend=None, max_batch=8, max_batch_pixels=100)  # type: ignore[arg-type]
+    jobs = [_Job(None, None, "full", Future(), pixels) for pixels in (40, 50, 20, 150, 10)]  # type: ignore[arg-type]
+    assert [[j.model_pixels for j in batch] for batch in runner.split_by_pixels(jobs)] == [[40, 50], [20], [150], [10]]

@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gantool.core.constants import DEFAULT_RAY_TIMEOUT_S
@@ -83,10 +84,8 @@ class RayServeRequest:
         return {k: v for k, v in args.items() if v is not None}
 
 
-def _absolute(path: str) -> Any:
+def _absolute(path: str) -> Path:
     """``path`` as recorded for another process: absolute, resolved."""
-    from pathlib import Path
-
     return Path(path).expanduser().resolve()
 
 
@@ -128,13 +127,35 @@ class _Stop:
             yield
 
 
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (Linux /proc; elsewhere none are found)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def _kill_local_ray() -> None:
-    """The Ray processes this driver started, killed now (the second signal)."""
+    """The Ray processes this driver started, killed now (the second signal): Ray's own kill of
+    its node's processes, then SIGKILL for any below this process still there (their workers)."""
     from ray._private import worker  # Ray has no public call for it; ray.shutdown() waits
 
+    below = _descendants(os.getpid())
     node = getattr(worker, "_global_node", None)
-    if node is not None:
+    if node is None:
+        return  # joined a cluster: its processes are not ours
+    with contextlib.suppress(Exception):
         node.kill_all_processes(check_alive=False, allow_graceful=False)
+    for pid in below + _descendants(os.getpid()):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 class _DropTokenNotice(logging.Filter):
