@@ -154,6 +154,9 @@ def bench_inpaint(
     """Median ms per image, images/s, achieved GFLOP/s and peak memory of
     MODEL (default: the shipped model) per backend, provider, size and batch,
     and the inference goals, measured side by side."""
+    from gantool.runtime.model_uri import local_model
+
+    model = local_model(model)  # type: ignore[assignment]  # an MLflow URI: the cached export folder
     if use_ray:
         _bench_ray(model, as_json, actors, ray_address, options)
         return

@@ -7,7 +7,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 
@@ -15,6 +15,7 @@ from gantool.core.artifacts import ARTIFACT, DEFAULT_EXPORT_FORMATS
 from gantool.core.constants import (
     DEFAULT_FP32_ATOL,
     DEFAULT_INT8_MIN_PSNR,
+    DEFAULT_MLFLOW_EXPERIMENT,
     DEFAULT_PREFER,
     FP32_ERROR_MULTIPLE,
     PREFER_CHOICES,
@@ -128,6 +129,19 @@ def _size(num_bytes: int) -> str:
     "--keep-debug-info", is_flag=True,
     help="Keep the exporters' stack traces and source paths in the files (for debugging the exporter).",
 )  # fmt: skip
+@click.option(
+    "--mlflow", "mlflow_uri", is_flag=False, flag_value="", default=None, metavar="[URI]",
+    help="Also log the export folder as an MLflow pyfunc model: a tracking URI, or alone the training run's "
+    'store (else MLflow\'s default). pip install "gantool[mlflow]".',
+)  # fmt: skip
+@click.option(
+    "--mlflow-experiment", default=DEFAULT_MLFLOW_EXPERIMENT, show_default=True,
+    help="With --mlflow: the experiment, unless the checkpoint's run is tracked there (then the model joins its run).",
+)  # fmt: skip
+@click.option(
+    "--register", metavar="NAME", default=None,
+    help="Register the logged model as a new version of NAME in the MLflow registry (implies --mlflow).",
+)  # fmt: skip
 def export(
     checkpoint: Path | None,
     want_onnx: bool,
@@ -146,6 +160,9 @@ def export(
     overwrite: bool,
     cuda: bool | None,
     keep_debug_info: bool,
+    mlflow_uri: str | None,
+    mlflow_experiment: str,
+    register: str | None,
 ) -> None:
     """Export CHECKPOINT's generator (ONNX, torch.export, AOTInductor, TorchScript) and prove parity.
 
@@ -172,6 +189,7 @@ def export(
     elif checkpoint.is_dir():
         checkpoint = weights_file(checkpoint, "export")
         click.echo(f"Using {checkpoint}")
+    tracking = _mlflow_target(checkpoint, mlflow_uri, mlflow_experiment, register)  # a bad store: before the export
     wanted = (("onnx", want_onnx), ("torchscript", want_torchscript), ("pt2", want_pt2), ("aoti", want_aoti))
     chosen = [name for name, flag in wanted if flag]
     try:
@@ -201,3 +219,40 @@ def export(
             click.echo(f"  {line}")
     for note in result.notes:
         click.echo(f"Note: {note}")
+    if tracking is not None:
+        _log_to_mlflow(result.out_dir, mlflow_experiment, register, *tracking)
+
+
+def _mlflow_target(
+    checkpoint: Path, uri: str | None, experiment: str, register: str | None
+) -> tuple[str, dict[str, Any] | None] | None:
+    """The store to log into and the training run's MLflow record, checked before the export runs."""
+    if uri is None and register is None:
+        if experiment != DEFAULT_MLFLOW_EXPERIMENT:
+            raise click.UsageError("--mlflow-experiment needs --mlflow")
+        return None
+    from gantool.core.mlflow_store import MlflowStore, resolve_tracking_uri
+    from gantool.training.runfolder import run_of_checkpoint
+    from gantool.training.tracking_mlflow import read_mlflow_record
+
+    run_dir = run_of_checkpoint(checkpoint)
+    record = read_mlflow_record(run_dir) if run_dir is not None else None
+    if not uri:
+        uri = str(record["tracking_uri"]) if record else resolve_tracking_uri(True)
+    else:
+        uri = resolve_tracking_uri(uri)
+    MlflowStore.connect(uri, experiment)
+    return uri, record
+
+
+def _log_to_mlflow(
+    out_dir: Path, experiment: str, register: str | None, uri: str, record: dict[str, Any] | None
+) -> None:
+    from gantool.inference.mlflow_model import log_export  # imports MLflow
+
+    logged = log_export(out_dir, uri, experiment, register, record)
+    linked = f", in training run {logged.run_id}" if logged.run_id else ""
+    click.echo(f"MLflow: logged {out_dir} as {logged.model_uri} in {uri}{linked}")
+    if logged.registered is not None:
+        name, version = logged.registered
+        click.echo(f"MLflow: registered {name} version {version}: --model models:/{name}/{version}")

@@ -53,6 +53,8 @@ def _warn_traces(file: Path, traces: list[str]) -> None:
 def info(file: Path, as_json: bool) -> None:
     """Show FILE's metadata (.onnx, .pt2, .aoti.pt2, .torchscript.pt, .safetensors) or a checkpoint's summary.
 
+    FILE may also be an MLflow URI (models:/NAME/VERSION, models:/NAME@ALIAS, runs:/RUN_ID/PATH).
+
     A folder (an export, a run, models/) shows the file that `gantool inpaint
     --model FOLDER` runs. Warns when a model carries absolute paths or stack traces
     of the machine that exported it (from any exporter; the JSON lists them under
@@ -60,7 +62,10 @@ def info(file: Path, as_json: bool) -> None:
     """
     from gantool.core.artifacts import resolve_model
     from gantool.export.exporter import describe_file  # delayed: imports torch
+    from gantool.runtime.model_uri import is_mlflow_uri, local_model
 
+    if is_mlflow_uri(str(file)):  # models:/NAME/VERSION, runs:/...: the cached export folder
+        file = Path(str(local_model(str(file))))
     folder = None
     if file.is_dir():
         folder, (file, _) = file, resolve_model(file)

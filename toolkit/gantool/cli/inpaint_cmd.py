@@ -57,8 +57,8 @@ def _parse_boxes(
     "--model",
     metavar="PATH",
     help="Export folder or model file (.onnx, .pt2, .aoti.pt2, .torchscript.pt, .pt checkpoint, "
-    ".safetensors). "
-    "Default: the model in models/.",
+    ".safetensors), or an MLflow URI: models:/NAME/VERSION, models:/NAME@ALIAS, runs:/RUN_ID/PATH "
+    "(downloaded once into the cache). Default: the model in models/.",
 )
 @click.option(
     "-o",
@@ -166,6 +166,9 @@ def inpaint(
     With --ray the same outputs are made by a pool of Ray actors.
     Exit status 1 when a file failed or nothing was inpainted.
     """
+    from gantool.runtime.model_uri import local_model
+
+    model = local_model(model)  # type: ignore[assignment]  # an MLflow URI: the cached export folder
     ray_options = {"ray_address": ray_address, "ray_timeout": ray_timeout, "actors": actors,
                    "gpus_per_actor": gpus_per_actor, "manifest": manifest}  # fmt: skip
     if overwrite and skip_existing:

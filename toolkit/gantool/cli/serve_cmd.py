@@ -50,7 +50,8 @@ def missing_serve_packages() -> list[str]:
 @click.option(
     "--model",
     metavar="PATH",
-    help="Export folder or model file. Default: the model in models/.",
+    help="Export folder or model file, or an MLflow URI (models:/NAME/VERSION, models:/NAME@ALIAS, "
+    "runs:/RUN_ID/PATH). Default: the model in models/.",
 )
 @click.option(
     "--host",

@@ -62,6 +62,7 @@ from gantool.core.errors import InputError, ModelError, NonFiniteError, Provider
 from gantool.runtime import openvino
 from gantool.runtime.choice import auto_openvino, auto_runtime, model_prefer, preferred_precision
 from gantool.runtime.memory import trim_heap
+from gantool.runtime.model_uri import local_model
 from gantool.runtime.providers import (
     OpenedSession,
     check_aoti_package,
@@ -556,6 +557,7 @@ def load_backend(
     check_choice("provider", provider, PROVIDERS)
     check_choice("backend", backend, BACKEND_CHOICES)
     check_choice("precision", precision, PRECISIONS)
+    model = local_model(model)  # models:/NAME/VERSION, models:/NAME@alias, runs:/ID/PATH: the cached export
     allowed = PRECISION_BACKENDS.get(precision)
     if allowed and backend == "auto" and (model is None or Path(model).is_dir()):
         # A folder: the first backend (in auto order) that runs this precision and has a file.

@@ -35,31 +35,30 @@ import json
 import logging
 import os
 import queue
-import re
 import shutil
 import threading
 import time
-import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from gantool import __version__
 from gantool.core.config import TrainConfig
-from gantool.core.constants import METRICS_FILE, MLFLOW_RUN_FILE, RUN_CONFIG_FILE, SAMPLES_DIR
-from gantool.core.errors import GantoolError, InputError, first_line
+from gantool.core.constants import CHECKPOINTS_DIR, METRICS_FILE, MLFLOW_RUN_FILE, RUN_CONFIG_FILE, SAMPLES_DIR
+from gantool.core.errors import GantoolError, InputError
 from gantool.core.fileio import TMP_PREFIX, atomic_write_text
+from gantool.core.mlflow_store import (  # noqa: F401 (re-exported)
+    MLFLOW_INSTALL,
+    MlflowStore,
+    import_mlflow,
+    mlflow_cause,
+    mlflow_installed,
+    quiet_mlflow,
+    resolve_tracking_uri,
+)
 
 log = logging.getLogger(__name__)
 
-MLFLOW_INSTALL = 'pip install "gantool[mlflow]"'
-# MLflow waits 120 s per HTTP request and retries 7 times with a doubling backoff: minutes before a
-# dead server is reported. These apply unless the environment sets them.
-HTTP_DEFAULTS = {
-    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
-    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-}
 QUEUE_LIMIT = 10_000  # calls waiting for the background thread; more means the store cannot keep up
 BATCH_LIMIT = 1000  # metrics per log_batch request (MLflow's own limit)
 CLOSE_TIMEOUT_S = 120.0  # the end of a run waits at most this long for the store
@@ -68,72 +67,6 @@ UPLOAD_PREFIX = TMP_PREFIX + "mlflow-"  # hard links of checkpoints being upload
 
 
 # ----------------------------------------------------------------------------- MLflow itself
-
-
-def mlflow_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("mlflow") is not None
-
-
-def import_mlflow(what: str = "--mlflow") -> Any:
-    """The ``mlflow`` module, or an InputError naming the extra. Its HTTP calls are bounded."""
-    for key, value in HTTP_DEFAULTS.items():
-        os.environ.setdefault(key, value)
-    try:
-        with quiet_mlflow():
-            import mlflow
-    except ImportError as e:
-        raise InputError(f"{what} needs MLflow ({first_line(e)}); install it with: {MLFLOW_INSTALL}") from None
-    return mlflow
-
-
-@contextlib.contextmanager
-def quiet_mlflow() -> Iterator[None]:
-    """MLflow's import and store set-up, without SQLAlchemy's and alembic's deprecation warnings
-    and start-up chatter (a new SQLite store logs its table creation at INFO)."""
-    loggers = [logging.getLogger(name) for name in ("alembic", "mlflow.store.db.utils", "mlflow.store.db")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            warnings.simplefilter("ignore", FutureWarning)
-            yield
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
-
-
-def resolve_tracking_uri(value: str | bool) -> str:
-    """An absolute tracking URI: a relative SQLite or file path made absolute (a resume from another
-    folder finds the same store); True or "" is MLflow's default (``MLFLOW_TRACKING_URI``, else its
-    local default, which MLflow resolves against the current folder)."""
-    if value is True or value == "":
-        return str(import_mlflow().get_tracking_uri())
-    uri = str(value)
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////") and uri != "sqlite:///:memory:":
-        path, _, query = uri[len("sqlite:///") :].partition("?")
-        uri = "sqlite:///" + os.path.abspath(os.path.expanduser(path)) + (f"?{query}" if query else "")
-    elif uri.startswith("file:") and not uri.startswith("file:/"):
-        uri = "file:" + os.path.abspath(os.path.expanduser(uri[len("file:") :]))
-    return uri.rstrip("/") if uri.startswith(("http://", "https://")) else uri
-
-
-def mlflow_cause(error: BaseException) -> str:
-    """MLflow's error in a few words: an HTTP failure as its cause, not urllib3's retry story."""
-    text = str(error)
-    for pattern, said in (
-        (r"Connection refused", "connection refused"),
-        (r"Read timed out|ConnectTimeout|timed out", "no answer (timed out)"),
-        (r"Name or service not known|Failed to resolve|nodename nor servname", "unknown host"),
-        (r"RemoteDisconnected|Connection aborted|Connection reset", "the connection was closed"),
-    ):
-        if re.search(pattern, text):
-            return said
-    match = re.search(r"Response body: '(.{0,200})", text)
-    return first_line(error, 300) if match is None else f"{first_line(error, 120)} {match.group(1)}"
 
 
 def prepare_mlflow(cfg: TrainConfig) -> TrainConfig:
@@ -176,42 +109,6 @@ def metrics_of(record: Mapping[str, Any], lr_g: float | None = None, lr_d: float
     if lr_g is not None and lr_d is not None:
         metrics["train/lr_g"], metrics["train/lr_d"] = float(lr_g), float(lr_d)
     return metrics
-
-
-class MlflowStore:
-    """A tracking store and the experiment runs go to, reached once (one line when it cannot be)."""
-
-    def __init__(self, uri: str, client: Any, experiment_id: str, experiment: str) -> None:
-        self.uri, self.client, self.experiment_id, self.experiment = uri, client, experiment_id, experiment
-
-    @classmethod
-    def connect(cls, uri: str, experiment: str, what: str = "--mlflow") -> MlflowStore:
-        mlflow = import_mlflow(what)
-        from mlflow.exceptions import MlflowException
-
-        try:
-            with quiet_mlflow():
-                client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
-                found = client.get_experiment_by_name(experiment)
-                if found is None:
-                    try:
-                        experiment_id = client.create_experiment(experiment)
-                    except MlflowException:  # another process made it meanwhile
-                        found = client.get_experiment_by_name(experiment)
-                        if found is None:
-                            raise
-                if found is not None:
-                    if found.lifecycle_stage == "deleted":
-                        raise InputError(
-                            f"{what} {uri}: the experiment {experiment!r} is deleted there; restore it "
-                            "(mlflow experiments restore) or choose another --mlflow-experiment"
-                        )
-                    experiment_id = found.experiment_id
-        except GantoolError:
-            raise
-        except Exception as e:  # MlflowException, SQLAlchemy's, an unsupported scheme, ...
-            raise InputError(f"{what} {uri}: cannot use this MLflow tracking store: {mlflow_cause(e)}") from None
-        return cls(uri, client, str(experiment_id), experiment)
 
 
 # ----------------------------------------------------------------------------- sending
@@ -424,7 +321,7 @@ class MlflowRunLog:
 
     def _upload_checkpoint(self, folder: Path, link: Path) -> None:
         try:
-            self.client.log_artifact(self.run_id, str(link), "checkpoints")
+            self.client.log_artifact(self.run_id, str(link), CHECKPOINTS_DIR)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
