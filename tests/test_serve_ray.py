@@ -749,3 +749,21 @@ def test_batches_are_cut_at_the_pixel_budget() -> None:
     runner = ModelRunner(backend=None, max_batch=8, max_batch_pixels=100)  # type: ignore[arg-type]
     jobs = [_Job(None, None, "full", Future(), pixels) for pixels in (40, 50, 20, 150, 10)]  # type: ignore[arg-type]
     assert [[j.model_pixels for j in batch] for batch in runner.split_by_pixels(jobs)] == [[40, 50], [20], [150], [10]]
+
+
+@pytest.mark.slow  # two servers, one a Ray instance: ~40 s on 2 cores
+def test_bench_serve_ray_measures_against_plain_serve_and_kills_a_replica(exported_model: ExportedModel) -> None:
+    result = CliRunner().invoke(
+        cli,
+        ["bench", "serve", str(exported_model.folder), "--ray", "--replicas", "1", "--requests", "16", "--rounds", "1",
+         "--size", "32", "--concurrency", "2", "--provider", "cpu", "--backend", "onnx", "--json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert [row["server"] for row in report["rows"]] == ["serve", "serve --ray --replicas 1"]
+    assert all(row["ok"] == row["sent"] == 16 and row["images_per_s"] > 0 for row in report["rows"])
+    kill = report["kill"]
+    assert kill["wrong"] == 0 and kill["non_json"] == 0 and kill["victim_pid"]
+    assert report["load_average"]["before"] and report["cpu"]
+    bad = CliRunner().invoke(cli, ["bench", "serve", "--ray", "--replicas", "one"])
+    assert bad.exit_code == 2 and "--replicas" in bad.output

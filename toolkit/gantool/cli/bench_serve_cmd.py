@@ -94,10 +94,26 @@ from gantool.cli.options import (
     metavar="URL",
     help="With --crafted: measure these running servers (repeatable, interleaved) instead of starting one.",
 )
+@click.option(
+    "--ray",
+    "use_ray",
+    is_flag=True,
+    help="Instead: gantool serve --ray at each --replicas count against plain serve, rounds interleaved, "
+    "then one replica killed mid-round.",
+)
+@click.option(
+    "--replicas",
+    default="1,2",
+    show_default=True,
+    metavar="N,N,...",
+    help="With --ray: the replica counts to measure.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def bench_serve(
     model: str | None,
     as_json: bool,
+    use_ray: bool,
+    replicas: str,
     hostile: bool,
     trickling: int,
     holes: int,
@@ -112,6 +128,9 @@ def bench_serve(
 
     if missing_serve_packages():
         raise click.ClickException(INSTALL_HINT)
+    if use_ray:
+        _bench_serve_ray(model, as_json, replicas, options)
+        return
     if crafted:
         _bench_serve_crafted(model, as_json, list(urls), options)
         return
@@ -293,3 +312,43 @@ def _bench_serve_crafted(model: str | None, as_json: bool, urls: list[str], opti
     goal = result["goal"]
     click.echo(f"goal: every refused upload under 100 kB answered within {goal['max_refused_median_ms']:.0f} ms "
                f"(median): worst {goal['measured']:.0f} ms -> {'met' if goal['met'] else 'NOT met'}")  # fmt: skip
+
+
+def _bench_serve_ray(model: str | None, as_json: bool, replicas: str, options: dict) -> None:
+    from gantool.tools.bench_serve_ray import bench_serve_ray
+
+    try:
+        counts = [int(n) for n in replicas.split(",") if n.strip()]
+    except ValueError:
+        raise click.BadParameter(
+            f"{replicas!r}: expected whole numbers separated by commas", param_hint="--replicas"
+        ) from None
+    result = bench_serve_ray(model, counts, requests=options["requests"], concurrency=options["concurrency"],
+                             size=options["size"], rounds=options["rounds"], provider=options["provider"],
+                             backend=options["backend"], precision=options["precision"],
+                             max_batch=options["max_batch"], batch_wait_ms=options["batch_wait_ms"],
+                             timeout_s=options["timeout_s"])  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    load = "; ".join(", ".join(f"{v:.1f}" for v in result["load_average"][k]) for k in ("before", "after"))
+    click.echo(f"serve --ray benchmark: {result['rounds']} interleaved round(s) of {result['requests']} requests of "
+               f"{result['size']} px from {result['concurrency']} clients per server; {result['cpu']}, "
+               f"{result['cpu_count']} CPUs, load average {load} (before; after)")  # fmt: skip
+    echo_table(["server", "images/s median (min-max)", "vs plain", "p50 / p99 ms", "ok / sent", "start s"], [
+        [row["server"], f"{row['images_per_s']:.2f} ({row['images_per_s_range'][0]:.2f}-{row['images_per_s_range'][1]:.2f})",
+         f"{row['ratio']:.2f}x", f"{row['p50']:.0f} / {row['p99']:.0f}", f"{row['ok']} / {row['sent']}",
+         f"{row['startup_s']:.1f}"] for row in result["rows"]
+    ])  # fmt: skip
+    kill, goals = result["kill"], result["goals"]
+    met = {True: "met", False: "NOT met"}
+    first = kill["first_success_after_kill_s"]
+    click.echo(f"goal {result['rows'][-1]['server']} >= {goals['throughput']['goal']}x plain serve: "
+               f"{goals['throughput']['ratio']:.2f}x -> {met[goals['throughput']['met']]}")  # fmt: skip
+    click.echo(f"goal one replica SIGKILLed mid-round: {kill['wrong']} wrong images, {kill['non_json']} non-JSON answers, "
+               f"{kill['failed']} failed of {kill['sent']}, first success after the kill "
+               f"{'never' if first is None else f'{first:.2f} s'}, p99 {kill['p99_ms']:.0f} ms = "
+               f"{kill['p99_factor']:.2f}x undisturbed -> {met[goals['kill']['met']]}")  # fmt: skip
+    click.echo(f"goal startup to ready < {goals['startup']['goal_s']:g} s: "
+               + ", ".join(f"{row['server']} {row['startup_s']:.1f} s" for row in result["rows"])
+               + f" -> {met[goals['startup']['met']]}")  # fmt: skip
