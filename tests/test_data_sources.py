@@ -250,8 +250,8 @@ def packed(tmp_path_factory) -> tuple[Path, Path]:
 def test_data_pack_writes_shards_a_manifest_and_their_index(packed, tmp_path):
     folder, out = packed
     manifest = json.loads((out / MANIFEST_NAME).read_text())
-    assert manifest["samples"] == 14 and manifest["skipped"] == {"count": 1, "first": ["notes.png"]}
-    assert len(manifest["shards"]) > 2 and sum(s["samples"] for s in manifest["shards"]) == 14
+    assert manifest["images"] == 14 and manifest["skipped"] == {"count": 1, "first": ["notes.png"]}
+    assert len(manifest["shards"]) > 2 and sum(s["images"] for s in manifest["shards"]) == 14
     assert manifest["source"]["path"] == str(folder.resolve())
     tars = sorted(p.name for p in out.glob("*.tar"))
     assert tars == [s["name"] for s in manifest["shards"]]
@@ -358,7 +358,7 @@ def test_a_shard_set_changed_under_a_resumed_run_is_refused_unless_allowed(tmp_p
     write_shards(tmp_path / "s", 9, per_shard=4)  # re-written with one more sample: a third shard
     grown = str(tmp_path / "s" / "train-{000000..000002}.tar")
     line = one_line(run_cli("train", "--resume", half.last_checkpoint, "--data", grown, "--quiet"), "data differs")
-    assert "8 -> 9 samples" in line and "--allow-data-change" in line
+    assert "8 -> 9 shard samples" in line and "--allow-data-change" in line
     write_shards(tmp_path / "s", 8, per_shard=4, extra={"txt": b"caption"})  # same count, other members
     line = one_line(run_cli("train", "--resume", half.last_checkpoint, "--quiet"), "data differs")
     assert "members, offsets or sizes changed" in line or "bytes" in line
@@ -400,7 +400,7 @@ def test_a_killed_pack_leaves_no_output_and_a_second_pack_succeeds(tmp_path, sub
     assert done.returncode == -9 and not out.exists()
     done = subprocess.run(cmd, env=subprocess_env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert json.loads((out / MANIFEST_NAME).read_text())["samples"] == 5
+    assert json.loads((out / MANIFEST_NAME).read_text())["images"] == 5
     assert not any(p.name.startswith(".gantool-stage") for p in tmp_path.iterdir())
 
 

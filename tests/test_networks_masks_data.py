@@ -312,10 +312,10 @@ def test_decoding_once_changes_no_sample(tmp_path):
 
 
 def test_a_folder_too_large_to_cache_is_decoded_per_sample(tmp_path, monkeypatch):
-    from gantool.training import sources as sources_module
+    from gantool.training import readers as readers_module
 
     _noise_photo(tmp_path / "big.png")
-    monkeypatch.setattr(sources_module, "DECODE_CACHE_BYTES", 300 * 200 * 3 - 1)
+    monkeypatch.setattr(readers_module, "DECODE_CACHE_BYTES", 300 * 200 * 3 - 1)
     source = ImageFolderSource(tmp_path, (1.0, 2.0))
     source.load(0, 32, np.random.default_rng(0))
     assert source._decoded == {}

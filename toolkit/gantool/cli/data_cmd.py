@@ -88,7 +88,7 @@ def pack(source: str, out: str, shard_size: int, shard_samples: int, prefix: str
         return
     skipped = manifest["skipped"]
     click.echo(
-        f"packed {manifest['samples']} image(s) into {len(manifest['shards'])} shard(s), "
+        f"packed {manifest['images']} image(s) into {len(manifest['shards'])} shard(s), "
         f"{_size(manifest['bytes'])}, in {manifest['seconds']:.1f} s: {out}"
     )
     if skipped["count"]:

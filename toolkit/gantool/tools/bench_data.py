@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
+from gantool.core.constants import METRICS_FILE
 from gantool.core.errors import InputError
 from gantool.tools.interleave import cpu_peak
 from gantool.training.data import InpaintingDataset, StepBatchSampler
@@ -149,7 +150,7 @@ def startup_seconds(data: str, work: Path, env: dict[str, str]) -> float:
         "--workers", "0", "--steps-g", "1000000", "--steps-d", "0", "--steps-joint", "0", "--log-every", "1",
         "--sample-every", "1000000", "--checkpoint-every", "1000000", "--quiet",
     ]  # fmt: skip
-    metrics = out / "metrics.jsonl"
+    metrics = out / METRICS_FILE
     started = time.perf_counter()
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

@@ -26,13 +26,12 @@ from gantool.core.processing import LUMA_WEIGHTS
 from gantool.nn.masks import generate_mask
 from gantool.training.crops import random_crop_resize, random_scaled_crop
 from gantool.training.index import scan_folder
+from gantool.training.readers import DECODE_CACHE_BYTES, IndexedSource
 from gantool.training.sources import (
-    DECODE_CACHE_BYTES,
     SYNTHETIC,
     AnySource,
     ImageFolderSource,
     ImageListSource,
-    IndexedSource,
     SyntheticSource,
     check_data_unchanged,
     data_fingerprint,

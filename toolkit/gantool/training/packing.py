@@ -34,6 +34,7 @@ from gantool.core.errors import GantoolError, InputError
 from gantool.core.fileio import atomic_write_text, commit_staged_folder, staged_folder
 from gantool.core.processing import DECODE_FORMATS
 from gantool.training.index import RACY_NS, DataIndex, NameTable, scan_folder, stat_listed
+from gantool.training.readers import FileSource, IndexedSource, read_list_file
 from gantool.training.shards import (
     MANIFEST_FORMAT,
     MANIFEST_NAME,
@@ -43,14 +44,7 @@ from gantool.training.shards import (
     scan_shard,
     shard_index,
 )
-from gantool.training.sources import (
-    FileSource,
-    ImageListSource,
-    IndexedSource,
-    normalise_data,
-    read_list_file,
-    source_kind,
-)
+from gantool.training.sources import ImageListSource, normalise_data, source_kind
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +176,7 @@ def _manifest(
         with (stage / name).open("rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
-        shards.append({"name": name, "samples": counts[name], "bytes": (stage / name).stat().st_size,
+        shards.append({"name": name, "images": counts[name], "bytes": (stage / name).stat().st_size,
                        "sha256": digest.hexdigest()})  # fmt: skip
     overall = hashlib.sha256("".join(f"{s['name']} {s['sha256']}\n" for s in shards).encode()).hexdigest()
     last = sorted(counts)[-1].removeprefix(prefix + "-").removesuffix(".tar")
@@ -192,7 +186,7 @@ def _manifest(
         "gantool_version": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "pattern": f"{prefix}-{{000000..{last}}}.tar",
-        "samples": sum(counts.values()),
+        "images": sum(counts.values()),
         "bytes": sum(s["bytes"] for s in shards),
         "sha256": overall,
         "shards": shards,

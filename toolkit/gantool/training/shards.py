@@ -49,7 +49,7 @@ from gantool.training.index import (
     prepare_index_dir,
     write_index,
 )
-from gantool.training.sources import IndexedSource, is_pattern, read_list_file
+from gantool.training.readers import IndexedSource, is_pattern, read_list_file
 
 log = logging.getLogger(__name__)
 
