@@ -559,7 +559,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "bad_image_warned_every_time",
-        "training/sources.py",
+        "training/readers.py",
         "            if self.bad[i]:\n                continue",
         "            if False:\n                continue",
         ("test_train_faults.py::test_a_truncated_jpeg_is_warned_about_once_and_a_held_out_one_is_not_replaced",
