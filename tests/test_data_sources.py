@@ -417,3 +417,19 @@ def test_open_source_refuses_what_is_no_data(tmp_path):
         open_source(str(tmp_path / "binary.bin"))
     with pytest.raises(InputError, match="file not found"):
         open_source(str(tmp_path / "gone.txt"))
+
+
+def test_the_launchers_index_is_what_its_workers_read(tmp_path, monkeypatch):
+    from gantool.training.index import INDEX_ENV
+    from gantool.training.launch import _hand_index_to_workers
+
+    data = photos(tmp_path / "data", 5)
+    (data / INDEX_DIR).write_text("read-only, as far as the index goes")
+    age(data)
+    monkeypatch.delenv(INDEX_ENV, raising=False)
+    _hand_index_to_workers(ImageFolderSource(data))  # what check_launch does before starting the workers
+    handed = Path(os.environ.pop(INDEX_ENV))
+    assert handed.is_file()
+    monkeypatch.setenv(INDEX_ENV, str(handed))
+    monkeypatch.setattr(index_module, "scan_folder", lambda *a, **k: pytest.fail("a worker scanned the folder"))
+    assert len(ImageFolderSource(data, keep_index=True)) == 5
