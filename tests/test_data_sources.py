@@ -433,3 +433,18 @@ def test_the_launchers_index_is_what_its_workers_read(tmp_path, monkeypatch):
     monkeypatch.setenv(INDEX_ENV, str(handed))
     monkeypatch.setattr(index_module, "scan_folder", lambda *a, **k: pytest.fail("a worker scanned the folder"))
     assert len(ImageFolderSource(data, keep_index=True)) == 5
+
+
+def test_a_data_set_whose_files_exceed_the_decode_budget_is_not_cached_at_all(tmp_path, monkeypatch):
+    import gantool.training.readers as readers
+
+    data = photos(tmp_path / "data", 4)
+    total = sum(p.stat().st_size for p in data.rglob("*.*"))
+    monkeypatch.setattr(readers, "DECODE_CACHE_BYTES", total - 1)
+    large = ImageFolderSource(data)
+    large.load(0, 24, np.random.default_rng(0))
+    assert not large.cache_decoded and large._decoded == {}  # no worker spends memory on a few of many images
+    monkeypatch.setattr(readers, "DECODE_CACHE_BYTES", 10 * total)
+    small = ImageFolderSource(data)
+    small.load(0, 24, np.random.default_rng(0))
+    assert small.cache_decoded and list(small._decoded) == [0]

@@ -66,7 +66,10 @@ class IndexedSource:
         # Images found undecodable, shared with DataLoader workers (a tensor in shared
         # memory), so each is warned about once per run, not once per worker and epoch.
         self.bad = torch.zeros(len(index), dtype=torch.bool).share_memory_()
-        self.cache_decoded = True
+        # A data set whose files alone exceed the budget cannot fit decoded (decoded pixels take at
+        # least what their files do), and caching the first images met would only cost memory in
+        # every worker: it is decoded per sample, as before the index.
+        self.cache_decoded = int(index.sizes.sum()) <= DECODE_CACHE_BYTES
         self._decoded: dict[int, Image.Image] = {}
         self._decoded_bytes = 0
 
