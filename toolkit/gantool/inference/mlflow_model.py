@@ -16,6 +16,7 @@ This module imports MLflow (the ``mlflow`` extra): it is imported only when aske
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,13 @@ from mlflow.types import ParamSchema, ParamSpec, Schema, TensorSpec  # noqa: E40
 
 EXPORT_ARTIFACT = "export"  # the key of the export folder in the model's artifacts
 MODEL_NAME = "model"  # the logged model's name
+MODEL_CODE = """# gantool's MLflow model: the export folder in artifacts/ through gantool.Inpainter.
+import mlflow
+
+from gantool.inference.mlflow_model import GantoolInpaintModel
+
+mlflow.models.set_model(GantoolInpaintModel())
+"""
 
 
 class GantoolInpaintModel(mlflow.pyfunc.PythonModel):  # type: ignore[name-defined]
@@ -123,7 +131,11 @@ def log_export(
     tags = {key: meta[key] for key in (META_EXPORT_ID, META_WEIGHTS_SHA256, META_TRAIN_STEP) if key in meta}
     step = int(meta.get(META_TRAIN_STEP, "0") or 0)
     try:
-        with quiet_mlflow():
+        with tempfile.TemporaryDirectory() as scratch, quiet_mlflow():
+            # "Models from code": the model is this module's class, named in a small file MLflow keeps
+            # beside it, so loading it runs no unpickling of arbitrary objects.
+            code = Path(scratch) / "gantool_model.py"
+            code.write_text(MODEL_CODE, encoding="utf-8")
             mlflow.set_tracking_uri(tracking_uri)
             mlflow.set_registry_uri(tracking_uri)
             mlflow.set_experiment(experiment_id=experiment_id)
@@ -131,7 +143,7 @@ def log_export(
                 artifact_path=None,
                 name=MODEL_NAME,
                 flavor=mlflow.pyfunc,
-                python_model=GantoolInpaintModel(),
+                python_model=str(code),
                 artifacts={EXPORT_ARTIFACT: str(export_dir)},
                 signature=signature(),
                 input_example=input_example(),
