@@ -448,3 +448,14 @@ def test_a_data_set_whose_files_exceed_the_decode_budget_is_not_cached_at_all(tm
     small = ImageFolderSource(data)
     small.load(0, 24, np.random.default_rng(0))
     assert small.cache_decoded and list(small._decoded) == [0]
+
+
+def test_data_pack_takes_a_list_file_in_its_order(tmp_path):
+    folder = photos(tmp_path / "photos", 4)
+    (tmp_path / "two.txt").write_text("photos/p02.png\nphotos/p01.jpg\n")
+    result = run_cli("data", "pack", tmp_path / "two.txt", "-o", tmp_path / "out", "--prefix", "val", "--json")
+    manifest = json.loads(result.output)
+    assert result.exit_code == 0 and manifest["images"] == 2 and manifest["shards"][0]["name"] == "val-000000.tar"
+    source = open_source(str(tmp_path / "out"))
+    assert source.read_bytes(0) == (folder / "p02.png").read_bytes()
+    assert source.read_bytes(1) == (folder / "p01.jpg").read_bytes()
