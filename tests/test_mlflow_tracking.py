@@ -99,6 +99,24 @@ def test_a_run_is_one_mlflow_run_with_the_config_tags_every_metric_and_the_artif
     assert "checkpoints" not in names  # checkpoints themselves only with --mlflow-checkpoints
 
 
+def test_mlflow_checkpoints_uploads_every_checkpoint_and_leaves_nothing_behind(store, here):
+    out = here / "run"
+    train(tiny_train_config(out=str(out), mlflow=store, mlflow_experiment="checkpoints", mlflow_checkpoints=True,
+                            keep_checkpoints=False), progress=False)  # fmt: skip
+    run = run_of(store, "checkpoints")
+    names = {a.path for a in client_for(store).list_artifacts(run.info.run_id, "checkpoints")}
+    assert names == {"checkpoints/step_4.pt", "checkpoints/step_8.pt"}
+    # step 4's bytes, although last.pt was replaced by step 8's meanwhile (a hard link kept them)
+    step_4 = download(store, run.info.run_id, "checkpoints/step_4.pt")
+    from gantool.training.checkpoint import load_checkpoint
+
+    assert load_checkpoint(step_4)["step"] == 4
+    assert download(store, run.info.run_id, "checkpoints/step_8.pt").read_bytes() == (
+        out / "checkpoints" / "last.pt"
+    ).read_bytes()
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []  # no upload links left
+
+
 def test_a_killed_run_resumed_has_every_step_once_and_ends_finished(store, here):
     out = here / "run"
     cfg = tiny_train_config(out=str(out), mlflow=store, mlflow_experiment="resume", checkpoint_every=2,
