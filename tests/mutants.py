@@ -1280,6 +1280,30 @@ MUTANTS: list[Mutant] = [
         ("test_ray_inpaint.py::test_no_more_actors_start_than_there_are_batches",),
         why="an actor without a batch loads the model for nothing (and Ray warns)",
     ),
+    Mutant(
+        "mlflow_resend_after_a_kill",
+        "training/tracking_mlflow.py",
+        "if step > self.sent.get(k, -1)",
+        "if True",
+        ("test_mlflow_tracking.py::test_a_killed_run_resumed_has_every_step_once_and_ends_finished",),
+        why="a resume after kill -9 sends the steps after its last checkpoint again: MLflow's history shows them twice",
+    ),
+    Mutant(
+        "mlflow_run_not_reopened_on_resume",
+        "training/tracking_mlflow.py",
+        "        run = self.client.get_run(record[\"run_id\"])\n        except MlflowException as e:",
+        "        run = None\n        except MlflowException as e:",
+        ("test_mlflow_tracking.py::test_a_killed_run_resumed_has_every_step_once_and_ends_finished",),
+        why="--resume opens a second MLflow run instead of continuing the run folder's",
+    ),
+    Mutant(
+        "model_uri_cache_never_used",
+        "runtime/model_uri.py",
+        "    return _export_in(entry) if entry.is_dir() else None",
+        "    return None",
+        ("test_mlflow_models.py::test_a_cached_pinned_uri_needs_no_mlflow_and_no_download",),
+        why="every use of models:/NAME/VERSION downloads it again and needs the store",
+    ),
 ]
 
 

@@ -41,6 +41,16 @@ def bench() -> None:
     show_default=True,
     help="Also time the GLCIC-PyTorch phase-3 iteration for comparison.",
 )
+@click.option(
+    "--mlflow",
+    metavar="URI",
+    default=None,
+    help="Instead of the reference: time --log-every steps with and without sending their record to an MLflow "
+    "run in this store (interleaved; the run is deleted after).",
+)
+@click.option(
+    "--log-every", type=int, default=TrainConfig.log_every, show_default=True, help="With --mlflow: steps per record."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def bench_train(as_json: bool, **options) -> None:
     """Median seconds per joint training iteration and images/s."""
@@ -71,6 +81,13 @@ def bench_train(as_json: bool, **options) -> None:
         from gantool.tools.interleave import spread_text  # delayed: imports torch
 
         click.echo(f"speed-up vs reference: {spread_text(result['speedup_paired'])}")
+    if "mlflow_overhead" in result:
+        ratio = result["mlflow_overhead"]
+        click.echo(
+            f"MLflow tracking at --log-every {result['log_every']}: {(ratio['median'] - 1) * 100:+.2f} % time "
+            f"(tracked / plain, median of {ratio['rounds']} paired blocks: {ratio['median']:.4f}x, "
+            f"{ratio['min']:.4f}-{ratio['max']:.4f})"
+        )
 
 
 def _int_list(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:

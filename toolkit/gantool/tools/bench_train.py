@@ -7,8 +7,12 @@ median of the paired rounds' ratios, with its spread. Never used by tests for ti
 
 from __future__ import annotations
 
+import shutil
 import statistics
+import tempfile
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -54,6 +58,41 @@ def gantool_step_fn(cfg: TrainConfig, device: torch.device, amp: bool, channels_
     return lambda: train_step("joint", nets, opt_g, opt_d, batch, cfg, autocast)
 
 
+def _tracked_run(uri: str, cfg: TrainConfig) -> tuple[Any, Path]:
+    """An MLflow run (experiment gantool-bench) for the timed records, and its scratch run folder."""
+    from gantool.core.config import toml_text
+    from gantool.core.mlflow_store import MlflowStore, resolve_tracking_uri
+    from gantool.training.tracking_mlflow import MlflowRunLog
+
+    store = MlflowStore.connect(resolve_tracking_uri(uri), "gantool-bench")
+    folder = Path(tempfile.mkdtemp(prefix="gantool-bench-train-"))
+    run = MlflowRunLog(store, folder)
+    params = {k: v for k, v in cfg.to_dict().items() if k != "out"}
+    run.open(0, params, {"gantool.world_size": "1"}, toml_text(cfg.to_dict()), (cfg.lr, cfg.lr))
+    return run, folder
+
+
+def _block(
+    step: Callable[[], Any], count: int, tracked: tuple[Any, Path] | None = None, cfg: TrainConfig | None = None
+) -> Callable[[], object]:
+    """``count`` training steps; tracked: then their record sent to MLflow, waited for."""
+    done = [0]
+
+    def run() -> None:
+        start = time.perf_counter()
+        for _ in range(count):
+            losses = step()
+        done[0] += count
+        if tracked is not None and cfg is not None:
+            seconds = time.perf_counter() - start
+            record = {"step": done[0], "phase": "joint", **{k: float(v) for k, v in dict(losses).items()},
+                      "images_per_s": cfg.batch_size * count / seconds, "data_wait": 0.0}  # fmt: skip
+            tracked[0].train(record, cfg.lr, cfg.lr)
+            tracked[0].sender.wait_idle()
+
+    return run
+
+
 def reference_step_fn(cfg: TrainConfig, device: torch.device) -> Callable[[], object]:
     """GLCIC-PyTorch's phase-3 iteration, reproduced for timing (same networks)."""
     torch.manual_seed(0)
@@ -93,9 +132,16 @@ def bench_train(
     amp: bool | None = None,
     channels_last: bool | None = None,
     reference: bool = True,
+    mlflow: str | None = None,
+    log_every: int = TrainConfig.log_every,
 ) -> dict[str, Any]:
     """Median seconds per joint iteration and images/s, for gantool and (optionally)
     the reference loop, with their ratio.
+
+    ``mlflow`` (a tracking URI) times MLflow tracking's cost instead of the reference: each
+    timed call is ``log_every`` steps, and the tracked row then sends that block's record to
+    an MLflow run in the store and waits until the store has it (an upper bound of what a run
+    pays: in ``gantool train`` the sending overlaps the next steps). The run is deleted after.
 
     ``amp`` and ``channels_last`` default as in ``gantool train`` (``auto``: bf16 autocast
     with channels_last on CUDA and on CPUs with native bf16), so the default benchmark
@@ -119,7 +165,7 @@ def bench_train(
     runs = [
         ("gantool", gantool_step_fn(cfg, dev, amp, channels_last), {"amp_bf16": amp, "channels_last": channels_last})
     ]
-    if reference:
+    if reference and mlflow is None:  # --mlflow times tracking instead
         runs.append(
             (
                 "reference (GLCIC-PyTorch phase 3)",
@@ -127,8 +173,24 @@ def bench_train(
                 {"amp_bf16": False, "channels_last": False},
             )
         )
-    all_times = interleaved([fn for _, fn, _ in runs], steps, warmup, dev)
-    for (name, _, flags), times in zip(runs, all_times):
+    tracked = None
+    if mlflow is not None:
+        if isinstance(log_every, bool) or not isinstance(log_every, int) or not 1 <= log_every <= 10**6:
+            raise InputError(f"--log-every must be an integer in 1..1000000, got {log_every!r}")
+        tracked = _tracked_run(mlflow, cfg)
+        runs = [
+            (f"gantool, {log_every} steps", _block(runs[0][1], log_every), runs[0][2]),
+            (f"gantool + MLflow, {log_every} steps", _block(runs[0][1], log_every, tracked, cfg), runs[0][2]),
+        ]
+    try:
+        all_times = interleaved([fn for _, fn, _ in runs], steps, warmup, dev)
+    finally:
+        if tracked is not None:
+            tracked[0].close("FINISHED", trained=False)  # deleted: a benchmark is not a run
+            shutil.rmtree(tracked[1], ignore_errors=True)
+    per_call = log_every if tracked is not None else 1  # steps in one timed call
+    for (name, _, flags), block_times in zip(runs, all_times):
+        times = [t / per_call for t in block_times]
         median = statistics.median(times)
         rows.append(
             {
@@ -153,7 +215,10 @@ def bench_train(
         "width": width,
         "rows": rows,
     }
-    if reference:
+    if tracked is not None:
+        result["mlflow_overhead"] = paired_ratio(all_times[1], all_times[0])  # tracked time / plain time, per block
+        result["log_every"] = log_every
+    elif reference:
         paired = paired_ratio(all_times[1], all_times[0])  # reference time / gantool time, per round
         result["speedup_vs_reference"] = paired["median"]
         result["speedup_paired"] = paired

@@ -138,12 +138,17 @@ class _Sender:
     def _work(self) -> None:
         while (item := self.calls.get()) is not None:
             call, args = item
-            if self.failed is not None:
-                continue
             try:
-                call(*args)
+                if self.failed is None:
+                    call(*args)
             except Exception as e:
                 self._fail(mlflow_cause(e))
+            finally:
+                self.calls.task_done()
+
+    def wait_idle(self) -> None:
+        """Until every queued call is done (``gantool bench train --mlflow`` times the sending this way)."""
+        self.calls.join()
 
     def _fail(self, cause: str) -> None:
         if self.failed is None:
