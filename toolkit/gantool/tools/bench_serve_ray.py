@@ -2,7 +2,7 @@
 plain ``gantool serve``, rounds interleaved, then one replica killed mid-round.
 
 Every server runs at once for the whole run (each ``--ray`` one on a Ray instance of its own),
-so their idle cost loads every row alike; each round sends ``requests`` POST /v1/inpaint from
+so their idle cost loads every row alike; after an untimed warm-up round each, each round sends ``requests`` POST /v1/inpaint from
 ``concurrency`` keep-alive clients to one server, the servers in turn (A, B, C, then C, A, B ...).
 Every answer is compared byte for byte with plain serve's answer for the same image. The last
 round runs against the server with the most replicas, whose answering replica is SIGKILLed
@@ -161,6 +161,8 @@ def bench_serve_ray(
         expected = [reference.answers.get(i, b"") for i in range(len(bodies))]
         if len(reference.answers) != len(bodies):
             raise GantoolError("plain gantool serve did not answer every reference request")
+        for name in names:  # untimed: every replica warm (first batches, connection pools) before the rounds
+            _Round(servers[name].url or "", bodies, expected, deadline).run(2 * concurrency, concurrency)
         per_round: list[dict[str, Any]] = []
         for number in range(rounds):
             order = names[number % len(names) :] + names[: number % len(names)]  # A B C, B C A, ...
