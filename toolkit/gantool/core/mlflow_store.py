@@ -51,7 +51,8 @@ def import_mlflow(what: str = "--mlflow") -> Any:
 def quiet_mlflow() -> Iterator[None]:
     """MLflow's import and store set-up, without SQLAlchemy's and alembic's deprecation warnings
     and start-up chatter (a new SQLite store logs its table creation at INFO)."""
-    loggers = [logging.getLogger(name) for name in ("alembic", "mlflow.store.db.utils", "mlflow.store.db")]
+    names = ("alembic", "mlflow.store.db.utils", "mlflow.store.db", "mlflow.pyfunc", "mlflow.models")
+    loggers = [logging.getLogger(name) for name in names]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.WARNING)
