@@ -34,6 +34,7 @@ from PIL import Image
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed")
 pytest.importorskip("ray.serve", reason="the ray extra is not installed")
+import ray
 
 from gantool.cli import cli
 from gantool.core.errors import GantoolError, InputError
@@ -708,6 +709,32 @@ def test_ray_options_need_ray_and_a_wrong_address_fails_in_one_line(exported_mod
     assert result.exit_code == 1 and time.monotonic() - started < 15
     assert f"cannot reach the Ray cluster at 127.0.0.1:{port}" in result.output, result.output
     assert "Traceback" not in result.output
+    time.sleep(1)  # the teardown thread had its chance
+    # Before, the teardown's serve.delete started a local Ray instance in a thread after the error: a
+    # cluster nobody asked for, left running in this process (and in CI, joined by later commands).
+    assert not ray.is_initialized()
+    assert not [t.name for t in threading.enumerate() if t.name == "gantool-serve-stop"]
+
+
+def test_a_wrong_address_fails_in_one_line_when_this_process_has_ray_up(exported_model: ExportedModel) -> None:
+    # Before, a process whose Ray was up (a notebook, a test session) ignored --ray-address: it deployed
+    # onto its own cluster and served on, never saying the address was wrong.
+    ray.init(num_cpus=1, num_gpus=0, include_dashboard=False, logging_level="ERROR")
+    try:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))  # bound, never listening: a closed port
+            port = sock.getsockname()[1]
+            started = time.monotonic()
+            result = CliRunner().invoke(
+                cli,
+                ["serve", "--ray", "--ray-address", f"127.0.0.1:{port}", "--ray-timeout", "2", "--model",
+                 str(exported_model.folder), "--provider", "cpu", "--backend", "onnx", "--port", "0"],
+            )  # fmt: skip
+        assert result.exit_code == 1 and time.monotonic() - started < 15, result.output
+        assert f"cannot reach the Ray cluster at 127.0.0.1:{port}" in result.output
+        assert ray.is_initialized()  # the process's own Ray is left as it was
+    finally:
+        ray.shutdown()
 
 
 def test_without_ray_serve_it_says_which_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -167,10 +167,11 @@ def start_ray(ray: Any, request: RayServeRequest) -> tuple[bool, str]:
     """Ray up: (started here, a line saying where). A local instance gets gantool's proxy hook."""
     from gantool.inference.ray_connect import check_reachable, connect, quiet_logger
 
+    if request.address:  # also when this process's Ray is up (as inpaint --ray): a wrong address is one line
+        timeout = check_reachable(request.address, request.timeout)
     if ray.is_initialized():  # a Python program that called ray.init itself: its cluster, left up
         return False, "Ray cluster of this process"
     if request.address:
-        timeout = check_reachable(request.address, request.timeout)
         connect(ray, request.address, timeout)
         resources = ray.cluster_resources()
         nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
@@ -229,21 +230,24 @@ def deploy(ray: Any, request: RayServeRequest, model_files: Any, notify: Callabl
     return _url(request.host, port)
 
 
-def stop_serving(ray: Any, started_here: bool, budget_s: float) -> None:
-    """The application stopped (running requests get Serve's graceful shutdown), within ``budget_s``;
-    then the local Ray instance, if it was started here (its processes end with it)."""
-    from ray import serve
+def stop_serving(ray: Any, started_here: bool, deployed: bool, budget_s: float) -> None:
+    """The application, if its deployment began, stopped (running requests get Serve's graceful
+    shutdown) within ``budget_s``; then the local Ray instance, if it was started here (its
+    processes end with it)."""
+    # Not deployed (a wrong address, say): nothing of ours to delete, and serve.delete would start Ray.
+    if deployed and ray.is_initialized():
+        from ray import serve
 
-    from gantool.inference.ray_connect import quiet_logger
-    from gantool.serving.ray_serve import APP_NAME
+        from gantool.inference.ray_connect import quiet_logger
+        from gantool.serving.ray_serve import APP_NAME
 
-    def teardown() -> None:
-        with contextlib.suppress(Exception), quiet_logger("ray.serve"):
-            serve.delete(APP_NAME)  # the replicas drain; a local instance's Serve then ends with Ray
+        def teardown() -> None:
+            with contextlib.suppress(Exception), quiet_logger("ray.serve"):
+                serve.delete(APP_NAME)  # the replicas drain; a local instance's Serve then ends with Ray
 
-    worker = threading.Thread(target=teardown, name="gantool-serve-stop", daemon=True)
-    worker.start()
-    worker.join(max(budget_s, 0.5))
+        worker = threading.Thread(target=teardown, name="gantool-serve-stop", daemon=True)
+        worker.start()
+        worker.join(max(budget_s, 0.5))
     if started_here:
         with contextlib.suppress(Exception):
             ray.shutdown()
@@ -262,14 +266,14 @@ def serve_on_ray(
     ``on_stopping`` the line said at the first signal (default: ``notify``)."""
     ray = import_ray_serve()
     stop = _Stop(_kill_local_ray)
-    started_here = False
+    started_here = deployed = False
     with stop.installed():
         try:
             started_here, where = start_ray(ray, request)
             notify(where)
             with stop.installed():  # again: ray.init put its own SIGTERM handler in
                 if stop.signal is None:
-                    started = time.perf_counter()
+                    started, deployed = time.perf_counter(), True
                     url = deploy(ray, request, model_files, notify)
                     if stop.signal is None:
                         on_serving(url)
@@ -281,5 +285,5 @@ def serve_on_ray(
                         f"{request.settings.shutdown_timeout:g} s (press Ctrl-C again to exit now)"
                     )
         finally:
-            stop_serving(ray, started_here, request.settings.shutdown_timeout)
+            stop_serving(ray, started_here, deployed, request.settings.shutdown_timeout)
     return stop.signal
