@@ -46,9 +46,10 @@ exported_glcic = import_helpers.exported_glcic  # an imported GLCIC-PyTorch mode
 ray = pytest.importorskip("ray")  # the `ray` extra; installed in CI (the dev extra), so these run there
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[Any]:
-    """One local cluster for the whole session (start-up costs seconds); ray_inpaint reuses it."""
+    """One local cluster for this module (start-up costs seconds); ray_inpaint reuses it. Shut down
+    at the module's end: a Ray left up in the test process is what later in-process commands join."""
     ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, logging_level=logging.WARNING)
     yield ray
     ray.shutdown()
