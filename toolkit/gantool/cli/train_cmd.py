@@ -72,9 +72,7 @@ class OneLineErrors(click.Command):
 
 
 def _optional_value_owner(command: click.Command, args: list[str], token: str) -> str | None:
-    optional = {
-        name for p in command.params if isinstance(p, click.Option) and p._flag_needs_value for name in p.opts
-    }
+    optional = {name for p in command.params if isinstance(p, click.Option) and p._flag_needs_value for name in p.opts}
     for i, arg in enumerate(args):
         name, eq, value = arg.partition("=")
         if (eq and value == token and name in optional) or (arg == token and i and args[i - 1] in optional):

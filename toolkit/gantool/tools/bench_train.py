@@ -121,6 +121,42 @@ def reference_step_fn(cfg: TrainConfig, device: torch.device) -> Callable[[], ob
     return step
 
 
+def _check_log_every(log_every: int) -> bool:
+    if isinstance(log_every, bool) or not isinstance(log_every, int) or not 1 <= log_every <= 10**6:
+        raise InputError(f"--log-every must be an integer in 1..1000000, got {log_every!r}")
+    return True
+
+
+def _timed_runs(
+    cfg: TrainConfig,
+    dev: torch.device,
+    amp: bool,
+    channels_last: bool,
+    reference: bool,
+    tracked: tuple[Any, Path] | None,
+    log_every: int,
+) -> list[tuple[str, Callable[[], object], dict[str, bool]]]:
+    """The rows to time: gantool's step, and the reference loop, or (with ``tracked``) blocks of
+    ``log_every`` steps without and with sending their record to the MLflow run."""
+    gantool = gantool_step_fn(cfg, dev, amp, channels_last)
+    flags = {"amp_bf16": amp, "channels_last": channels_last}
+    if tracked is not None:
+        return [
+            (f"gantool, {log_every} steps", _block(gantool, log_every), flags),
+            (f"gantool + MLflow, {log_every} steps", _block(gantool, log_every, tracked, cfg), flags),
+        ]
+    runs = [("gantool", gantool, flags)]
+    if reference:
+        runs.append(
+            (
+                "reference (GLCIC-PyTorch phase 3)",
+                reference_step_fn(cfg, dev),
+                {"amp_bf16": False, "channels_last": False},
+            )
+        )
+    return runs
+
+
 def bench_train(
     size: int = TrainConfig.size,
     local_size: int = TrainConfig.local_size,
@@ -162,26 +198,8 @@ def bench_train(
     dev = resolve_device(device)
     amp, channels_last = use_amp(cfg, dev), use_channels_last(cfg, dev)
     rows = []
-    runs = [
-        ("gantool", gantool_step_fn(cfg, dev, amp, channels_last), {"amp_bf16": amp, "channels_last": channels_last})
-    ]
-    if reference and mlflow is None:  # --mlflow times tracking instead
-        runs.append(
-            (
-                "reference (GLCIC-PyTorch phase 3)",
-                reference_step_fn(cfg, dev),
-                {"amp_bf16": False, "channels_last": False},
-            )
-        )
-    tracked = None
-    if mlflow is not None:
-        if isinstance(log_every, bool) or not isinstance(log_every, int) or not 1 <= log_every <= 10**6:
-            raise InputError(f"--log-every must be an integer in 1..1000000, got {log_every!r}")
-        tracked = _tracked_run(mlflow, cfg)
-        runs = [
-            (f"gantool, {log_every} steps", _block(runs[0][1], log_every), runs[0][2]),
-            (f"gantool + MLflow, {log_every} steps", _block(runs[0][1], log_every, tracked, cfg), runs[0][2]),
-        ]
+    tracked = _tracked_run(mlflow, cfg) if mlflow is not None and _check_log_every(log_every) else None
+    runs = _timed_runs(cfg, dev, amp, channels_last, reference and mlflow is None, tracked, log_every)
     try:
         all_times = interleaved([fn for _, fn, _ in runs], steps, warmup, dev)
     finally:
