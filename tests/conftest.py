@@ -7,7 +7,8 @@ Everything is CPU-sized (width 4, 32 px images) so tests stay quick on 2 cores.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,18 @@ def rehashed(meta: dict[str, str], tensors: dict) -> dict[str, str]:
 
     as_torch = {k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(v)) for k, v in tensors.items()}
     return {**meta, "gantool.weights_sha256": weights_sha256(as_torch)}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_ray_left_up() -> Iterator[None]:
+    """A module that leaves Ray up in the test process fails here, and Ray is shut down: a Ray left up
+    is what a later in-process command joins (``start_ray`` keeps a process's own cluster), which
+    once kept CI serving until its time limit."""
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+        ray.shutdown()
+        pytest.fail("this module left Ray initialized in the test process", pytrace=False)
 
 
 @pytest.fixture(scope="session")
