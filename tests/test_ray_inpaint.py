@@ -44,6 +44,9 @@ from inpaint_helpers import ExportedModel, box_mask_image, textured_rgb
 exported_model = inpaint_helpers.exported_model  # the session's tiny exported model (a fixture)
 exported_glcic = import_helpers.exported_glcic  # an imported GLCIC-PyTorch model, exported (a fixture)
 ray = pytest.importorskip("ray")  # the `ray` extra; installed in CI (the dev extra), so these run there
+# An exception in a thread (grpc's own polling thread once raised "Channel closed!" after every
+# plain probe) fails the test that caused it, instead of a warning in the summary.
+pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 
 
 @pytest.fixture(scope="module")

@@ -226,7 +226,10 @@ def check_ray_call(
         grpc.secure_channel(target, credentials, options) if credentials else grpc.insecure_channel(target, options)
     )
     with channel:
-        channel.subscribe(states.append)
+        if credentials is not None:
+            # Only TLS needs the states: a subscription polls in a thread of grpc's own, which raises
+            # "Channel closed!" when the channel closes under it (a warning in every plain probe).
+            channel.subscribe(states.append)
         call = channel.unary_unary(method)  # no (de)serializers: bytes in, bytes out
         try:
             call(request, timeout=max(deadline - time.monotonic(), 0.05), metadata=token or ())
