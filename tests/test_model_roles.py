@@ -122,6 +122,7 @@ def two_exports(tmp_path_factory):
     )  # fmt: skip
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit:FutureWarning")  # the TorchScript case's load and save
 @pytest.mark.parametrize(
     ("name", "backend"), [("generator.onnx", "onnx"), ("generator.onnx", "openvino"),
                           ("generator.torchscript.pt", "torchscript"), ("generator.pt2", "pt2")],
