@@ -131,6 +131,10 @@ def test_a_killed_run_resumed_has_every_step_once_and_ends_finished(store, here)
     (out / "checkpoints" / "step_6.pt").unlink()
     (out / "checkpoints" / "last.pt").unlink()
     os.link(out / "checkpoints" / "step_4.pt", out / "checkpoints" / "last.pt")
+    # And killed after step 6's metrics reached the store but before its grid did (CI's server test
+    # once lost a grid so: the resumed step's metrics were not fresh, so its grid was never sent).
+    artifacts = Path(client_for(store).get_run(first.info.run_id).info.artifact_uri.removeprefix("file://"))
+    (artifacts / "samples" / "step_6.png").unlink()
     train({}, resume=out / "checkpoints" / "last.pt", progress=False)
 
     run = run_of(store, "resume")  # the same MLflow run, reopened
@@ -138,6 +142,8 @@ def test_a_killed_run_resumed_has_every_step_once_and_ends_finished(store, here)
     found = assert_every_step_once(store, run.info.run_id, out)
     assert [s for s, _ in found["train/images_per_s"]] == list(range(1, 9))
     assert [s for s, _ in found["val/psnr"]] == [2, 4, 6, 8]
+    grids = {a.path for a in client_for(store).list_artifacts(run.info.run_id, "samples")}
+    assert grids == {f"samples/step_{s}.png" for s in (2, 4, 6, 8)}
     # Steps 5 and 6 keep the values first sent: the resumed run's losses are bitwise the same.
     again = {line["step"]: line for line in metrics_lines(out) if "loss_rec" in line}
     for step in (5, 6):

@@ -176,6 +176,7 @@ class MlflowRunLog:
         self.run_id = ""
         self.created = False  # this process made the MLflow run (deleted again if nothing was trained)
         self.sent: dict[str, int] = {}  # each metric's newest step in the store
+        self.sent_samples: set[str] = set()  # the grids the store holds (file names)
         self.sender: _Sender | None = None
         self.last_checkpoint: tuple[int, Path] | None = None
         self.last_records: dict[str, dict[str, Any]] = {}
@@ -232,6 +233,9 @@ class MlflowRunLog:
             return None
         self.run_id = run.info.run_id
         self.sent = self._newest_steps(run)
+        # Grids by what the store holds, not by their metrics: a kill between a step's metrics and
+        # its grid upload once lost that grid for good (the resumed step's metrics were not fresh).
+        self.sent_samples = {Path(a.path).name for a in self.client.list_artifacts(self.run_id, SAMPLES_DIR)}
         return run
 
     def _newest_steps(self, run: Any) -> dict[str, int]:
@@ -286,11 +290,9 @@ class MlflowRunLog:
         pending: list[Any] = []  # in requests of BATCH_LIMIT metrics: a long run's history is thousands of records
         for record in records:
             is_val = "val_psnr" in record
-            fresh = self._fresh_metrics(record, *(() if is_val else lrs))
-            pending += fresh
-            sample = self.run_dir / SAMPLES_DIR / f"step_{record['step']}.png"
-            if is_val and fresh and sample.is_file() and self.sender is not None:
-                self.sender.put(self._log_sample, sample)
+            pending += self._fresh_metrics(record, *(() if is_val else lrs))
+            if is_val:
+                self._queue_sample(self.run_dir / SAMPLES_DIR / f"step_{record['step']}.png")
         self._queue_batches(pending)
 
     # ------------------------------------------------------------------ during the run
@@ -301,8 +303,8 @@ class MlflowRunLog:
 
     def validation(self, record: Mapping[str, Any], sample_path: Path) -> None:
         self.last_records["val"] = dict(record)
-        if self._queue_metrics(record) and self.sender is not None and sample_path.is_file():
-            self.sender.put(self._log_sample, sample_path)  # a grid goes with its step's metrics, once
+        self._queue_metrics(record)
+        self._queue_sample(sample_path)  # after its step's metrics
 
     def tag(self, key: str, value: str) -> None:
         if self.sender is not None:
@@ -359,6 +361,12 @@ class MlflowRunLog:
 
     def _log_metrics(self, metrics: list[Any]) -> None:
         self.client.log_batch(self.run_id, metrics=metrics)
+
+    def _queue_sample(self, path: Path) -> None:
+        """A grid the store does not hold yet, once."""
+        if self.sender is not None and path.name not in self.sent_samples and path.is_file():
+            self.sent_samples.add(path.name)
+            self.sender.put(self._log_sample, path)
 
     def _log_sample(self, path: Path) -> None:
         if path.is_file():  # a later run (a resume) may have replaced it meanwhile: same step, same grid
