@@ -31,7 +31,7 @@ from torch import Tensor
 
 from gantool.core.config import TrainConfig, check_options, toml_text
 from gantool.core.constants import CHECKPOINTS_DIR, LAST_CHECKPOINT, METRICS_FILE, RUN_CONFIG_FILE, SAMPLES_DIR
-from gantool.core.errors import GantoolError, InputError, TrainingError
+from gantool.core.errors import CheckpointError, GantoolError, InputError, TrainingError
 from gantool.core.fileio import atomic_save, atomic_write_text, ensure_writable_dir
 from gantool.core.processing import to_uint8
 from gantool.nn.losses import hole_mse, l1, psnr, ssim
@@ -406,11 +406,13 @@ def _train(
         before = _file_id(path)
         try:
             _save(path, at_step)
-        except AbortNow:
+        except (AbortNow, CheckpointError) as e:
+            if isinstance(e, CheckpointError) and not stop.aborted:
+                raise  # else a second signal inside torch's writer, which turned it into a write error
             if _file_id(path) not in (None, before):  # cut short after the rename: the new file is whole, and last
                 result.last_checkpoint, result.checkpoint_step = path, at_step
                 tracker.checkpoint_step = at_step  # the tracker's "stopped" record names it
-            raise
+            raise AbortNow from None
         if cfg.keep_checkpoints:
             keep = path.with_name(f"step_{at_step}.pt")
             keep.unlink(missing_ok=True)
