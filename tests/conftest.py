@@ -89,11 +89,21 @@ def no_ray_left_up() -> Iterator[None]:
     """A module that leaves Ray up in the test process fails here, and Ray is shut down: a Ray left up
     is what a later in-process command joins (``start_ray`` keeps a process's own cluster), which
     once kept CI serving until its time limit."""
+    before = {k: v for k, v in os.environ.items() if _set_by_ray(k)}
     yield
+    # ray.init sets RAY_AUTH_MODE=token (and more) in this process's environment and leaves it there:
+    # a later module's in-process cluster then wanted tokens its subprocesses did not send.
+    for key in [k for k in os.environ if _set_by_ray(k) and k not in before]:
+        del os.environ[key]
+    os.environ.update(before)
     ray = sys.modules.get("ray")
     if ray is not None and getattr(ray, "is_initialized", lambda: False)():
         ray.shutdown()
         pytest.fail("this module left Ray initialized in the test process", pytrace=False)
+
+
+def _set_by_ray(key: str) -> bool:
+    return key.startswith("RAY_") or key == "PYTHONBREAKPOINT"
 
 
 @pytest.fixture(scope="session")

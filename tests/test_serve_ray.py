@@ -545,6 +545,11 @@ def test_replicas_on_two_nodes_both_answer_the_same_pixels(
 
     monkeypatch.setenv(PROXY_CALLBACK_ENV, PROXY_CALLBACK)  # as a cluster of one's own would set it
     monkeypatch.setenv("PYTHONPATH", ray_env["PYTHONPATH"])
+    # The cluster's auth as gantool's process has it (an in-process ray.init before leaves token mode set).
+    if "RAY_AUTH_MODE" in ray_env:
+        monkeypatch.setenv("RAY_AUTH_MODE", ray_env["RAY_AUTH_MODE"])
+    else:
+        monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1})
     server = None
     try:
