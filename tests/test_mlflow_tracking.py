@@ -273,12 +273,19 @@ def start_training(args: list[str], cwd: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 
-def wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int, timeout: float = 180) -> None:
+def logged_lines(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int, timeout: float = 180, after: int = 0) -> None:
+    """Until ``proc`` logs ``step`` in metrics.jsonl, past its first ``after`` lines (an earlier
+    process's: the file only grows)."""
     deadline = time.monotonic() + timeout
     path = run_dir / "metrics.jsonl"
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()
-        lines = path.read_text().splitlines() if path.exists() else []
+        lines = path.read_text().splitlines()[after:] if path.exists() else []
         if any(json.loads(line).get("step", 0) >= step for line in lines if line.strip().endswith("}")):
             return
         time.sleep(0.2)
@@ -302,8 +309,11 @@ def test_a_server_tracked_run_killed_with_sigkill_then_sigterm_resumes_with_ever
     sent = max(step for step, _ in histories(server.url, run_id)["train/images_per_s"])
     assert sent > 5  # steps after the last checkpoint reached the store, and will be trained again
 
+    # The killed process logged past `sent` itself: only the resumed process's lines count (CI once
+    # sent SIGTERM while it was still starting, before its handlers: -15, not 143).
+    earlier = logged_lines(out)
     second = start_training(["--resume", str(out)], tmp_path)
-    wait_for_step(second, out, sent + 3)
+    wait_for_step(second, out, sent + 3, after=earlier)
     second.send_signal(signal.SIGTERM)
     _, stderr = second.communicate(timeout=120)
     assert second.returncode == 143, stderr
