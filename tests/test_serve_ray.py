@@ -701,9 +701,8 @@ def test_the_written_config_is_one_rays_schema_accepts(exported_model: ExportedM
     assert again.exit_code == 1 and "exists" in again.output and "Traceback" not in again.output
 
 
-def test_ray_options_need_ray_and_a_wrong_address_fails_in_one_line(exported_model: ExportedModel) -> None:
-    result = CliRunner().invoke(cli, ["serve", "--replicas", "2", "--port", "0"])
-    assert result.exit_code == 2 and "--replicas needs --ray" in result.output
+def serve_at_a_closed_port(exported_model: ExportedModel) -> tuple[Any, int, float]:
+    """``serve --ray`` with --ray-address at a closed port: (the result, the port, seconds taken)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))  # bound, never listening: a closed port
         port = sock.getsockname()[1]
@@ -713,7 +712,14 @@ def test_ray_options_need_ray_and_a_wrong_address_fails_in_one_line(exported_mod
             ["serve", "--ray", "--ray-address", f"127.0.0.1:{port}", "--ray-timeout", "2", "--model",
              str(exported_model.folder), "--provider", "cpu", "--backend", "onnx", "--port", "0"],
         )  # fmt: skip
-    assert result.exit_code == 1 and time.monotonic() - started < 15
+    return result, port, time.monotonic() - started
+
+
+def test_ray_options_need_ray_and_a_wrong_address_fails_in_one_line(exported_model: ExportedModel) -> None:
+    result = CliRunner().invoke(cli, ["serve", "--replicas", "2", "--port", "0"])
+    assert result.exit_code == 2 and "--replicas needs --ray" in result.output
+    result, port, took = serve_at_a_closed_port(exported_model)
+    assert result.exit_code == 1 and took < 15
     assert f"cannot reach the Ray cluster at 127.0.0.1:{port}" in result.output, result.output
     assert "Traceback" not in result.output
     time.sleep(1)  # the teardown thread had its chance
@@ -728,16 +734,8 @@ def test_a_wrong_address_fails_in_one_line_when_this_process_has_ray_up(exported
     # onto its own cluster and served on, never saying the address was wrong.
     ray.init(num_cpus=1, num_gpus=0, include_dashboard=False, logging_level="ERROR")
     try:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))  # bound, never listening: a closed port
-            port = sock.getsockname()[1]
-            started = time.monotonic()
-            result = CliRunner().invoke(
-                cli,
-                ["serve", "--ray", "--ray-address", f"127.0.0.1:{port}", "--ray-timeout", "2", "--model",
-                 str(exported_model.folder), "--provider", "cpu", "--backend", "onnx", "--port", "0"],
-            )  # fmt: skip
-        assert result.exit_code == 1 and time.monotonic() - started < 15, result.output
+        result, port, took = serve_at_a_closed_port(exported_model)
+        assert result.exit_code == 1 and took < 15, result.output
         assert f"cannot reach the Ray cluster at 127.0.0.1:{port}" in result.output
         assert ray.is_initialized()  # the process's own Ray is left as it was
     finally:
