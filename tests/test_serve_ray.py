@@ -797,5 +797,8 @@ def test_bench_serve_ray_measures_against_plain_serve_and_kills_a_replica(export
     kill = report["kill"]
     assert kill["wrong"] == 0 and kill["non_json"] == 0 and kill["victim_pid"]
     assert report["load_average"]["before"] and report["cpu"]
+    plain, ray_row = (row["cpu_ms_per_image"] for row in report["rows"])
+    assert plain["replicas"] == plain["proxy"] == 0 < plain["rest"]  # plain serve is one process, no Ray
+    assert ray_row["replicas"] > 0 and ray_row["proxy"] > 0  # the model runs in the replica, behind Ray's proxy
     bad = CliRunner().invoke(cli, ["bench", "serve", "--ray", "--replicas", "one"])
     assert bad.exit_code == 2 and "--replicas" in bad.output

@@ -314,6 +314,16 @@ def _bench_serve_crafted(model: str | None, as_json: bool, urls: list[str], opti
                f"(median): worst {goal['measured']:.0f} ms -> {'met' if goal['met'] else 'NOT met'}")  # fmt: skip
 
 
+def _cpu_cell(cpu_ms: dict[str, float] | None) -> str:
+    """A server's CPU per image: the total, and under Ray its parts (plain serve is all "rest")."""
+    if not cpu_ms:
+        return "n/a"
+    total = f"{sum(cpu_ms.values()):.0f}"
+    if not cpu_ms["replicas"]:
+        return total
+    return f"{total} ({cpu_ms['replicas']:.0f} / {cpu_ms['proxy']:.0f} / {cpu_ms['rest']:.0f})"
+
+
 def _bench_serve_ray(model: str | None, as_json: bool, replicas: str, options: dict) -> None:
     from gantool.tools.bench_serve_ray import bench_serve_ray
 
@@ -335,10 +345,11 @@ def _bench_serve_ray(model: str | None, as_json: bool, replicas: str, options: d
     click.echo(f"serve --ray benchmark: {result['rounds']} interleaved round(s) of {result['requests']} requests of "
                f"{result['size']} px from {result['concurrency']} clients per server; {result['cpu']}, "
                f"{result['cpu_count']} CPUs, load average {load} (before; after)")  # fmt: skip
-    echo_table(["server", "images/s median (min-max)", "vs plain", "p50 / p99 ms", "ok / sent", "start s"], [
+    echo_table(["server", "images/s median (min-max)", "vs plain", "p50 / p99 ms", "ok / sent",
+                "CPU ms/image (replicas / proxy / rest)", "start s"], [
         [row["server"], f"{row['images_per_s']:.2f} ({row['images_per_s_range'][0]:.2f}-{row['images_per_s_range'][1]:.2f})",
          f"{row['ratio']:.2f}x", f"{row['p50']:.0f} / {row['p99']:.0f}", f"{row['ok']} / {row['sent']}",
-         f"{row['startup_s']:.1f}"] for row in result["rows"]
+         _cpu_cell(row["cpu_ms_per_image"]), f"{row['startup_s']:.1f}"] for row in result["rows"]
     ])  # fmt: skip
     kill, goals = result["kill"], result["goals"]
     met = {True: "met", False: "NOT met"}

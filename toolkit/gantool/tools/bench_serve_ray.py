@@ -8,6 +8,10 @@ Every answer is compared byte for byte with plain serve's answer for the same im
 round runs against the server with the most replicas, whose answering replica is SIGKILLed
 halfway: its wrong images, non-JSON answers, the first success after the kill and its p99
 against the undisturbed rounds' p99 are the fault goals.
+
+Each timed round also takes the CPU time the server's process tree used per image answered
+(Linux's /proc), split for ``--ray`` into the replicas, Ray's proxy and the rest: on a machine
+whose cores are all busy, throughput is cores / CPU per image, so this says where a gap comes from.
 """
 
 from __future__ import annotations
@@ -47,6 +51,42 @@ def _cpu_model() -> str:
 
 def _load() -> list[float]:
     return [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else []
+
+
+# A Ray process's part, by its title: what each costs per image is where --ray's overhead goes.
+CPU_PARTS = (("replicas", "ServeReplica"), ("proxy", "ProxyActor"))
+
+
+def _tree_cpu(root: int) -> dict[str, float] | None:
+    """CPU seconds used so far by ``root`` and every process below it (a local Ray instance's
+    raylet, workers, proxy...), by part: the Serve replicas, Ray's proxy and the rest (the
+    driver, or plain serve itself, and Ray's other processes). None without Linux's /proc."""
+    proc = Path("/proc")
+    if not (proc / str(root)).is_dir():
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    used: dict[int, tuple[float, str]] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            title = (entry / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+        except OSError:  # ended meanwhile
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+        used[int(entry.name)] = ((int(fields[11]) + int(fields[12])) / tick, title)
+    parts = {name: 0.0 for name, _ in CPU_PARTS} | {"rest": 0.0}
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        seconds, title = used.get(pid, (0.0, ""))
+        part = next((name for name, marker in CPU_PARTS if marker in title), "rest")
+        parts[part] += seconds
+    return parts
 
 
 class _Round:
@@ -169,7 +209,11 @@ def bench_serve_ray(
             for name in order:
                 if time.monotonic() > deadline:
                     break
+                cpu_before = _tree_cpu(servers[name].process.pid)
                 result = _Round(servers[name].url or "", bodies, expected, deadline).run(requests, concurrency)
+                cpu_after = _tree_cpu(servers[name].process.pid)
+                if cpu_before and cpu_after and result["ok"]:  # CPU ms per image answered, by part
+                    result["cpu_ms"] = {k: 1e3 * (cpu_after[k] - cpu_before[k]) / result["ok"] for k in cpu_after}
                 per_round.append({"server": name, "round": number, **result})
         kill = _kill_round(servers[names[-1]], bodies, expected, requests, concurrency, deadline)
     finally:
@@ -179,9 +223,11 @@ def bench_serve_ray(
     for name in names:
         mine = [r for r in per_round if r["server"] == name]
         ips = [r["images_per_s"] for r in mine] or [0.0]
+        cpu = [r["cpu_ms"] for r in mine if "cpu_ms" in r]
+        cpu_ms = {k: statistics.median(c[k] for c in cpu) for k in cpu[0]} if cpu else None
         rows.append({"server": name, "startup_s": startup[name], "images_per_s": statistics.median(ips),
                      "images_per_s_range": [min(ips), max(ips)], "ok": sum(r["ok"] for r in mine),
-                     "sent": sum(r["sent"] for r in mine),
+                     "sent": sum(r["sent"] for r in mine), "cpu_ms_per_image": cpu_ms,
                      **_percentiles([v for r in mine for v in r["latencies_ms"]])})  # fmt: skip
     plain = rows[0]["images_per_s"]
     for row in rows:
