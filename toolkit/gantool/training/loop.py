@@ -14,28 +14,24 @@ complete checkpoint stays as it was.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import os
 import signal
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from gantool.core.config import TrainConfig, check_options, toml_text
 from gantool.core.constants import CHECKPOINTS_DIR, LAST_CHECKPOINT, METRICS_FILE, RUN_CONFIG_FILE, SAMPLES_DIR
 from gantool.core.errors import CheckpointError, GantoolError, InputError, TrainingError
 from gantool.core.fileio import atomic_save, atomic_write_text, ensure_writable_dir
-from gantool.core.processing import to_uint8
-from gantool.nn.losses import hole_mse, l1, psnr, ssim
-from gantool.nn.networks import CompletionNetwork
+from gantool.nn.losses import hole_mse
 from gantool.training.build import (
     amp_supported,
     autocast_for,
@@ -71,6 +67,7 @@ from gantool.training.distributed import (
 from gantool.training.init_from import adopt_init_model, run_model
 from gantool.training.progress import postfix, progress_bar
 from gantool.training.progress import postfix as _postfix  # noqa: F401 (tests import it from here)
+from gantool.training.records import metrics_writer, validate
 from gantool.training.runfolder import (
     RunPlan,
     check_utf8_path,
@@ -451,7 +448,7 @@ def _train(
     # wall time is logged as data_wait (near 0 when the loader keeps up).
     waited, fetched_at = 0.0, time.perf_counter()
     in_step = False  # True while the networks and optimizers hold part of a step
-    with _metrics_writer(run_dir / METRICS_FILE, dist.is_main) as write_metrics, tracker:
+    with metrics_writer(run_dir / METRICS_FILE, dist.is_main) as write_metrics, tracker:
         try:
             # A signal during set-up stops here, before the first step (one decision for all ranks).
             _, stop_now = dist.step_consensus({}, stop.requested)
@@ -539,56 +536,3 @@ def _file_id(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
-
-
-@torch.no_grad()
-def validate(
-    generator: CompletionNetwork, val: tuple[Tensor, Tensor, Tensor], step: int, phase: str, sample_path: Path
-) -> dict[str, Any]:
-    """Metrics on the fixed held-out batch, and a sample grid (masked | output | real)."""
-    was_training = generator.training
-    generator.eval()
-    real, mask, _ = val
-    out = generator(real, mask).float()
-    generator.train(was_training)
-    record = {
-        "step": step,
-        "phase": phase,
-        "val_psnr": float(psnr(out, real).clamp(max=99).mean()),
-        "val_psnr_hole": float(psnr(out, real, mask).clamp(max=99).mean()),
-        "val_ssim": float(ssim(out, real).mean()),
-        "val_l1": float(l1(out, real).mean()),
-        "val_l1_hole": float(l1(out, real, mask).mean()),
-    }
-    masked = real * (1 - mask) + mask  # holes shown white
-    rows = torch.cat([masked, out, real], dim=3)  # N x 3 x H x 3W
-    grid = to_uint8(rows.permute(0, 2, 3, 1).reshape(-1, rows.shape[3], 3).cpu().numpy())
-    from PIL import Image
-
-    atomic_save(sample_path, lambda tmp: Image.fromarray(grid).save(tmp, format="PNG"))
-    return record
-
-
-@contextlib.contextmanager
-def _metrics_writer(path: Path, enabled: bool) -> Iterator[Any]:
-    if not enabled:
-        yield lambda record: None
-        return
-    try:
-        f = path.open("a", encoding="utf-8")
-    except OSError as e:
-        raise InputError(f"cannot write {path}: {e.strerror or e}") from None
-
-    def write(record: dict[str, Any]) -> None:
-        try:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-        except OSError as e:  # a full disk ends the run with one line; checkpoints stay intact
-            raise InputError(f"cannot write {path}: {e.strerror or e}") from None
-
-    try:
-        yield write
-    finally:
-        # The line a full disk refused is still buffered: write() already reported it.
-        with contextlib.suppress(OSError):
-            f.close()
