@@ -35,8 +35,9 @@ from gantool.cli import cli
 from gantool.core.constants import RAY_MANIFEST_NAME
 from gantool.core.errors import InputError
 from gantool.inference.pipeline import FileResult, run_inpaint
-from gantool.inference.ray import DIE_ON_ENV, plan_actors, ray_inpaint
+from gantool.inference.ray import RayPlan, plan_actors, ray_inpaint
 from gantool.inference.ray_connect import HTTP2_EMPTY_SETTINGS, FolderLock, check_reachable, http2_greeting
+from gantool.inference.ray_worker import DIE_ON_ENV, NOT_TIMED, InpaintWorker
 from gantool.runtime.backends import load_backend
 from import_helpers import ImportedModel, assert_matches_oracle, photo, save_photo
 from inpaint_helpers import ExportedModel, box_mask_image, textured_rgb
@@ -173,6 +174,47 @@ def test_manifest_records_every_input_and_a_rerun_resumes(
     # skipped outputs were not touched; --overwrite redoes them
     summary = ray_run(exported_model, [folder], out, mask=masks, batch_size=3, overwrite=True)
     assert summary.skipped == 0 and summary.inpainted == 5 and summary.failed == 1
+
+
+def test_an_output_written_by_another_process_after_planning_is_kept_and_reported_skipped(
+    ray_cluster: Any, exported_model: ExportedModel, tmp_path: Path
+) -> None:
+    # Before the fix it was reported as this run's work ("inpainted", in 0.0 ms): seen in CI when a
+    # worker of an interrupted run was still finishing a file while its resume ran.
+    folder, masks = mixed_album(tmp_path)
+    out = tmp_path / "out"
+    theirs = b"written by another process"
+
+    def write_one_output(plan: RayPlan) -> None:  # after the driver planned, before any worker ran
+        job = next(j for j in plan.jobs if j.source.name == "a.png")
+        job.output.parent.mkdir(parents=True, exist_ok=True)
+        job.output.write_bytes(theirs)
+
+    summary = ray_run(exported_model, [folder], out, mask=masks, batch_size=1, on_start=write_one_output)
+    assert (out / "a.inpainted.png").read_bytes() == theirs  # kept, never overwritten
+    assert summary.skipped == 1 and summary.inpainted == 4 and summary.failed == 1
+    by_input = {Path(e["input"]).name: e for e in manifest_of(out / RAY_MANIFEST_NAME)}
+    assert by_input["a.png"]["status"] == "skipped" and by_input["a.png"]["ms"] is None
+    assert all(e["ms"] > 0 for e in by_input.values() if e["status"] == "inpainted")
+
+
+def test_a_retried_batch_counts_an_output_its_earlier_try_wrote_as_done_and_untimed(
+    ray_cluster: Any, exported_model: ExportedModel, tmp_path: Path
+) -> None:
+    # The worker itself (in this process: Ray is up), on a chunk an earlier try already started.
+    folder, masks = mixed_album(tmp_path)
+    worker = InpaintWorker(str(exported_model.folder), "cpu", "onnx", "fp32", str(masks), [], "auto", 1, None,
+                           overwrite=False, run_id=f"retried-{os.getpid()}-{time.monotonic_ns()}")  # fmt: skip
+    source, output = folder / "a.png", tmp_path / "out" / "a.inpainted.png"
+    output.parent.mkdir()
+    output.write_bytes(b"an earlier try's output")
+    batch = {"chunk": np.array([7]), "sources": [[str(source)]], "outputs": [[str(output)]], "relatives": [["a.png"]]}
+    worker.tries_dir.mkdir(parents=True)
+    (worker.tries_dir / "chunk-7").write_text("1")  # one try before this one
+    rows = worker(batch)
+    assert rows["skipped"] == [False] and rows["error"] == [""] and rows["ms"] == [NOT_TIMED]
+    assert output.read_bytes() == b"an earlier try's output" and not worker.tries_dir.exists()
+    assert worker(batch)["skipped"] == [True]  # a first try finding it: someone else's file
 
 
 # --------------------------------------------------------------- dying workers

@@ -28,12 +28,10 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from gantool.core.artifacts import resolve_model
 from gantool.core.constants import (
@@ -53,25 +51,18 @@ from gantool.core.errors import InputError, check_choice, first_line
 from gantool.core.processing import allow_pixels, check_blend
 from gantool.inference.manifest import Manifest, check_manifest_target, default_manifest, manifest_status, wind_down
 from gantool.inference.pipeline import (
-    FILE_ERRORS,
     FileResult,
     ImageJob,
     MaskSource,
-    NoHole,
     RunSummary,
     already_done,
     check_output,
     check_skip_options,
     collect_images,
     file_error,
-    fill_loaded,
-    finish_and_write,
-    load_job,
-    no_hole,
     plan_jobs,
     protected_paths,
     skipped,
-    written,
 )
 from gantool.inference.ray_connect import (
     FolderLock,
@@ -82,18 +73,11 @@ from gantool.inference.ray_connect import (
     shielded,
     sigterm_as_interrupt,
 )
+from gantool.inference.ray_worker import DIE_ON_ENV, InpaintWorker
 
 log = logging.getLogger(__name__)
 
 RAY_MISSING = 'Ray is not installed: pip install "gantool[ray]"'
-# A batch whose worker process dies (a crash, OOM kill, lost node) is retried on a
-# restarted actor; after this many tries on a node its unfinished files are reported
-# as not processed and the run goes on.
-MAX_TRIES = 3
-# Test hook (tests/test_ray_inpaint.py): "NAME" or "NAME:MARKER". A worker reaching the
-# file NAME exits the process (as a crash would); with MARKER it does so only while
-# MARKER does not exist, creating it first (so the retry succeeds).
-DIE_ON_ENV = "GANTOOL_TEST_RAY_DIE_ON"
 MAX_BLOCKS = 10_000
 
 
@@ -168,151 +152,6 @@ def plan_actors(
     if actors > cpus:
         raise InputError(f"{actors} actors need one CPU each; the Ray cluster has {cpus:g}")
     return actors, gpus_per_actor
-
-
-# -------------------------------------------------------------------------- worker
-
-
-class InpaintWorker:
-    """The callable class of ``map_batches``: one per actor, the model opened once.
-
-    Each call gets rows that are chunks of files (the driver's grouping) and returns
-    one row per file: source, output, error, provider, ms.
-    """
-
-    def __init__(
-        self,
-        model: str,
-        provider: str,
-        backend_name: str,
-        precision: str,
-        mask: str | None,
-        boxes: Sequence[tuple[int, int, int, int]],
-        strategy: str,
-        batch_size: int,
-        crop_margin: int | None,
-        overwrite: bool,
-        run_id: str,
-        blend: str = DEFAULT_BLEND,
-        die_on: str | None = None,
-        max_pixels: int | None = None,
-    ) -> None:
-        import ray  # the optional extra; this runs in a Ray actor
-
-        if max_pixels is not None:
-            allow_pixels(max_pixels)  # this actor's process, as the driver's
-
-        from gantool.runtime.backends import load_backend  # delayed: imports onnxruntime/torch in the actor only
-
-        self.backend = load_backend(model, provider, backend_name, precision)
-        self.masks = MaskSource(mask, [tuple(b) for b in boxes])  # type: ignore[misc]
-        self.mask_files = {p.resolve() for p in self.masks.protected_files()}
-        self.strategy, self.batch_size, self.crop_margin, self.blend = strategy, batch_size, crop_margin, blend
-        self.overwrite = overwrite
-        self.die_on = die_on
-        # Tries per chunk, kept where a restarted actor on this node finds them; the folder
-        # exists only while a chunk is in progress (see _guarded_chunk), so none is left behind.
-        self.tries_dir = Path(ray.get_runtime_context().get_temp_dir()) / "gantool" / run_id
-
-    def _maybe_die(self, job: ImageJob) -> None:
-        if not self.die_on:
-            return
-        name, _, marker = self.die_on.partition(":")
-        if job.source.name != name:
-            return
-        if marker:
-            if Path(marker).exists():
-                return
-            Path(marker).touch()
-        os._exit(3)  # a crash, not an exception: Ray sees the actor die
-
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list[Any]]:
-        rows: dict[str, list[Any]] = {
-            k: [] for k in ("source", "output", "error", "no_hole", "provider", "backend", "ms")
-        }
-        for chunk, sources, outputs, relatives in zip(
-            batch["chunk"], batch["sources"], batch["outputs"], batch["relatives"]
-        ):
-            jobs = [ImageJob(Path(s), Path(o), Path(r)) for s, o, r in zip(sources, outputs, relatives)]
-            for result, ms in self._guarded_chunk(int(chunk), jobs):
-                rows["source"].append(str(result.source))
-                rows["output"].append(str(result.output) if result.output is not None else "")
-                rows["error"].append(result.error or "")
-                rows["no_hole"].append(result.no_hole)
-                rows["provider"].append(self.backend.provider)
-                rows["backend"].append(self.backend.name)
-                rows["ms"].append(round(ms, 2))
-        return rows
-
-    def _guarded_chunk(self, chunk: int, jobs: list[ImageJob]) -> Iterator[tuple[FileResult, float]]:
-        """Ray restarts a dead actor and retries its batch without limit: count the tries
-        here, and after MAX_TRIES report the chunk's unfinished files instead of looping."""
-        record = self.tries_dir / f"chunk-{chunk}"
-        tries = int(record.read_text() or 0) if record.exists() else 0
-        if tries >= MAX_TRIES:
-            for job in jobs:
-                if not self.overwrite and job.output.exists():
-                    yield FileResult(job.source, output=job.output), 0.0
-                else:
-                    cause = f"not processed: the worker process died {tries} times on its batch"
-                    yield FileResult(job.source, error=f"{job.source}: {cause}"), 0.0
-            self._forget(record)
-            return
-        for _ in range(3):  # another actor on this node may remove the empty folder meanwhile
-            try:
-                self.tries_dir.mkdir(parents=True, exist_ok=True)
-                record.write_text(str(tries + 1))
-                break
-            except FileNotFoundError:
-                continue
-        yield from self._run_chunk(jobs)
-        self._forget(record)
-
-    def _forget(self, record: Path) -> None:
-        record.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):  # not empty: another chunk of this run is in progress here
-            self.tries_dir.rmdir()
-
-    def _run_chunk(self, jobs: list[ImageJob]) -> Iterator[tuple[FileResult, float]]:
-        """The local loop's steps for one chunk; ms = the file's read and write time
-        plus its share of the chunk's model time."""
-        protected = self.mask_files | {job.source.resolve() for job in jobs}  # the driver checked the rest
-        loaded, spent = [], {}
-        for job in jobs:
-            self._maybe_die(job)
-            start = time.perf_counter()
-            if not self.overwrite and job.output.exists():
-                # The driver saw no output here: an earlier try of this batch, whose worker
-                # died after this write, made it. Done, not a failure.
-                yield FileResult(job.source, output=job.output), 0.0
-                continue
-            try:
-                loaded.append((job, *load_job(job, self.masks, self.overwrite, protected)))
-            except NoHole:
-                yield no_hole(job), (time.perf_counter() - start) * 1e3
-            except FILE_ERRORS as e:
-                yield file_error(job, e), (time.perf_counter() - start) * 1e3
-            spent[job] = time.perf_counter() - start
-        start = time.perf_counter()
-        outputs = fill_loaded(
-            self.backend,
-            [(image, mask) for _, image, mask in loaded],
-            self.strategy,
-            self.batch_size,
-            self.crop_margin,
-        )
-        share = (time.perf_counter() - start) / max(len(loaded), 1)
-        for (job, image, mask), fills in zip(loaded, outputs):
-            start = time.perf_counter()
-            if isinstance(fills, Exception):
-                result = file_error(job, fills)
-            else:
-                try:
-                    finish_and_write(job, image, mask, fills, self.blend, self.overwrite)
-                    result = written(job)
-                except FILE_ERRORS as e:
-                    result = file_error(job, e)
-            yield result, (spent[job] + share + time.perf_counter() - start) * 1e3
 
 
 # -------------------------------------------------------------------------- driver
@@ -501,8 +340,10 @@ def _run(
                     continue  # a retried batch's second report of a file
                 summary.provider, summary.backend = row["provider"], row["backend"]
                 result = FileResult(Path(row["source"]), output=Path(row["output"]) if row["output"] else None,
-                                    error=row["error"] or None, no_hole=bool(row["no_hole"]))  # fmt: skip
-                record(result, row["provider"], row["backend"], float(row["ms"]))
+                                    error=row["error"] or None, no_hole=bool(row["no_hole"]),
+                                    skipped=bool(row["skipped"]))  # fmt: skip
+                ms = float(row["ms"])
+                record(result, row["provider"], row["backend"], ms if ms >= 0 else None)
         except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM as Terminated
             interrupted = e
             missing_cause = f"not processed: interrupted ({'SIGTERM' if isinstance(e, Terminated) else 'SIGINT'})"
