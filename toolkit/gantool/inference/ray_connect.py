@@ -100,6 +100,8 @@ GCS_PROBE_METHOD = "/ray.rpc.NodeInfoGcsService/GetClusterId"
 # answers at once, before any session exists; a GCS or a foreign gRPC server: UNIMPLEMENTED.
 CLIENT_PROBE_METHOD = "/ray.rpc.RayletDriver/ClusterInfo"
 TLS_FILES = ("RAY_TLS_SERVER_CERT", "RAY_TLS_SERVER_KEY", "RAY_TLS_CA_CERT")  # what Ray reads with RAY_USE_TLS
+# How long the TLS probe waits for grpc's connectivity thread to end (it polls every 0.2 s).
+POLLER_JOIN_S = 1.0
 
 logger = logging.getLogger(__name__)
 
@@ -196,6 +198,28 @@ def _grpc_cause(details: str | None) -> str:
     return found.group(1).strip() if found else ((details or "").strip().splitlines() or ["no cause given"])[0][:120]
 
 
+@contextlib.contextmanager
+def _connectivity_states(channel: Any, watch: bool) -> Iterator[list[Any]]:
+    """The states a grpc channel goes through while the block runs (none unless ``watch``).
+
+    A subscription polls in a thread of grpc's own, which raises "Channel closed!" (a traceback
+    on stderr) if the channel closes between two of its polls: it is ended here, before the
+    channel closes."""
+    states: list[Any] = []
+    if not watch:
+        yield states
+        return
+    before = set(threading.enumerate())
+    channel.subscribe(states.append)
+    pollers = set(threading.enumerate()) - before
+    try:
+        yield states
+    finally:
+        channel.unsubscribe(states.append)
+        for thread in pollers:  # with no subscriber left it ends at its next poll (every 0.2 s)
+            thread.join(timeout=POLLER_JOIN_S)
+
+
 def check_ray_call(
     address: str,
     host: str,
@@ -221,15 +245,11 @@ def check_ray_call(
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     token = _ray_auth_metadata()
     options = [("grpc.enable_http_proxy", 0)]
-    states: list[Any] = []  # the channel's states: READY means the TLS and HTTP/2 handshakes were done
     channel = (
         grpc.secure_channel(target, credentials, options) if credentials else grpc.insecure_channel(target, options)
     )
-    with channel:
-        if credentials is not None:
-            # Only TLS needs the states: a subscription polls in a thread of grpc's own, which raises
-            # "Channel closed!" when the channel closes under it (a warning in every plain probe).
-            channel.subscribe(states.append)
+    # Only TLS needs the channel's states (READY: the TLS and HTTP/2 handshakes were done).
+    with channel, _connectivity_states(channel, watch=credentials is not None) as states:
         call = channel.unary_unary(method)  # no (de)serializers: bytes in, bytes out
         try:
             call(request, timeout=max(deadline - time.monotonic(), 0.05), metadata=token or ())
