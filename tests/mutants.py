@@ -815,11 +815,27 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "ray_empty_temp_folder_left",
-        "inference/ray.py",
+        "inference/ray_worker.py",
         "        with contextlib.suppress(OSError):  # not empty: another chunk of this run is in progress here\n"
         "            self.tries_dir.rmdir()",
         "        pass",
         (f"{RAYS}::test_no_empty_ray_temp_folders_are_left",),
+        ci=False,
+    ),
+    Mutant(
+        "ray_found_output_claimed_as_this_runs",
+        "inference/ray_worker.py",
+        "                yield FileResult(job.source, output=job.output, skipped=not retried), None",
+        "                yield FileResult(job.source, output=job.output), 0.0",
+        (f"{RAYS}::test_an_output_written_by_another_process_after_planning_is_kept_and_reported_skipped",),
+        ci=False,
+    ),
+    Mutant(
+        "ray_tls_probe_closes_under_grpcs_poller",
+        "inference/ray_connect.py",
+        "            thread.join(timeout=POLLER_JOIN_S)",
+        "            pass",
+        (f"{RAYS}::test_with_ray_use_tls_rays_first_call_is_made_over_tls",),
         ci=False,
     ),
     Mutant(
