@@ -48,7 +48,7 @@ class InpaintWorker:
     """The callable class of ``map_batches``: one per actor, the model opened once.
 
     Each call gets rows that are chunks of files (the driver's grouping) and returns
-    one row per file: source, output, error, provider, ms.
+    one row per file: source, output, error, no_hole, skipped, provider, backend, ms.
     """
 
     def __init__(
