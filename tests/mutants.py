@@ -825,8 +825,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "ray_found_output_claimed_as_this_runs",
         "inference/ray_worker.py",
-        "                yield FileResult(job.source, output=job.output, skipped=not retried), None",
-        "                yield FileResult(job.source, output=job.output), 0.0",
+        "                yield (written(job) if retried else skipped(job)), None",
+        "                yield written(job), 0.0",
         (f"{RAYS}::test_an_output_written_by_another_process_after_planning_is_kept_and_reported_skipped",),
         ci=False,
     ),

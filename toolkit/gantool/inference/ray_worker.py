@@ -29,6 +29,7 @@ from gantool.inference.pipeline import (
     finish_and_write,
     load_job,
     no_hole,
+    skipped,
     written,
 )
 
@@ -124,7 +125,7 @@ class InpaintWorker:
         if tries >= MAX_TRIES:
             for job in jobs:
                 if not self.overwrite and job.output.exists():
-                    yield FileResult(job.source, output=job.output), None  # written by an earlier try
+                    yield written(job), None  # by an earlier try
                 else:
                     cause = f"not processed: the worker process died {tries} times on its batch"
                     yield FileResult(job.source, error=f"{job.source}: {cause}"), None
@@ -158,7 +159,7 @@ class InpaintWorker:
                 # earlier try, whose worker died after this write, made it: done by this run. On
                 # a first try another process wrote it since (e.g. a worker of an interrupted run
                 # still finishing): kept untouched, and reported as skipped, not as this run's work.
-                yield FileResult(job.source, output=job.output, skipped=not retried), None
+                yield (written(job) if retried else skipped(job)), None
                 continue
             try:
                 loaded.append((job, *load_job(job, self.masks, self.overwrite, protected)))
