@@ -244,6 +244,21 @@ def test_a_worker_that_dies_is_retried_and_one_that_keeps_dying_is_reported(
 # ---------------------------------------------------------------------- the CLI
 
 
+def test_cli_ray_from_another_folder_with_relative_paths_records_absolute_ones(
+    ray_cluster: Any, exported_model: ExportedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before the fix the manifest kept the run's relative paths, which mean nothing read from elsewhere.
+    (tmp_path / "my photos").mkdir()
+    rgba_with_hole(24, 28, 5).save(tmp_path / "my photos" / "x é.png")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["inpaint", "my photos", "--ray", "-o", "out dir", "--model",
+                                      str(exported_model.folder), "--provider", "cpu", "--actors", "1"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    [entry] = manifest_of(tmp_path / "out dir" / RAY_MANIFEST_NAME)
+    assert entry["input"] == str(tmp_path / "my photos" / "x é.png")
+    assert entry["output"] == str(tmp_path / "out dir" / "x é.inpainted.png") and Path(entry["output"]).is_file()
+
+
 def test_cli_ray_flag(ray_cluster: Any, exported_model: ExportedModel, tmp_path: Path) -> None:
     folder = tmp_path / "album"
     folder.mkdir()

@@ -73,7 +73,7 @@ from gantool.inference.ray_connect import (
     shielded,
     sigterm_as_interrupt,
 )
-from gantool.inference.ray_worker import DIE_ON_ENV, InpaintWorker
+from gantool.inference.ray_worker import DIE_ON_ENV, NOT_TIMED, InpaintWorker
 
 log = logging.getLogger(__name__)
 
@@ -227,10 +227,15 @@ def ray_inpaint(
         raise InputError(f"--ray-timeout must be positive, got {timeout}")
     if max_pixels is not None:
         allow_pixels(max_pixels)
+    # Absolute paths from here on: Ray's workers may run in another folder (a cluster joined by
+    # address, or Ray started by another process), and the manifest is read from anywhere.
+    images = [_absolute(i) for i in images]
+    output, mask = (_absolute(p) if p is not None else None for p in (output, mask))
     masks = MaskSource(mask, boxes)
     found = collect_images(images, skip=[masks.path] if masks.path is not None else [])
     jobs = plan_jobs(found, output)
     model_path, _ = resolve_model(model, backend_name)  # a typo fails here, before Ray starts
+    model_path = _absolute(model_path)
     manifest_path = Path(manifest).expanduser() if manifest is not None else default_manifest(jobs, output)
     check_manifest_target(manifest_path)
     ray = import_ray()
@@ -244,6 +249,11 @@ def ray_inpaint(
                     overwrite=overwrite, skip_existing=skip_existing, max_pixels=max_pixels)  # fmt: skip
     finally:
         lock.release()
+
+
+def _absolute(path: str | Path) -> Path:
+    """``path`` absolute and normalised (``..`` folded), symlinks kept; ``~`` expanded."""
+    return Path(os.path.abspath(Path(path).expanduser()))
 
 
 # long: the Ray run from connection to wind-down in order; its signal and manifest steps must stay visibly in sequence
@@ -342,8 +352,8 @@ def _run(
                 result = FileResult(Path(row["source"]), output=Path(row["output"]) if row["output"] else None,
                                     error=row["error"] or None, no_hole=bool(row["no_hole"]),
                                     skipped=bool(row["skipped"]))  # fmt: skip
-                ms = float(row["ms"])
-                record(result, row["provider"], row["backend"], ms if ms >= 0 else None)
+                ms = None if row["ms"] == NOT_TIMED else float(row["ms"])
+                record(result, row["provider"], row["backend"], ms)
         except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM as Terminated
             interrupted = e
             missing_cause = f"not processed: interrupted ({'SIGTERM' if isinstance(e, Terminated) else 'SIGINT'})"
