@@ -307,7 +307,7 @@ MUTANTS: list[Mutant] = [
     # ---------------------------------------------------------------- nothing stale (issue #10)
     Mutant(
         "non_finite_output_written",
-        "runtime/backends.py",
+        "runtime/backend.py",
         '        refuse_non_finite_output(out, f"{self.path.name}, {self.name} on {self.provider}")',
         "        pass",
         (
@@ -405,7 +405,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "aoti_non_finite_weights_run",
-        "runtime/backends.py",
+        "runtime/torch_backends.py",
         "        with aoti_constants(path, device.type) as weights:",
         "        with contextlib.nullcontext({}) as weights:",
         (f"{FINITE}::test_aoti_package_with_a_nan_weight_is_refused_at_load",),
@@ -413,7 +413,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "backend_weights_not_checked",
-        "runtime/backends.py",
+        "runtime/backend.py",
         "        refuse_non_finite(path, weights)  # first: a NaN file gets the NaN message, whatever it records\n",
         "",
         (f"{FINITE}::test_one_nan_weight_is_refused_at_load_by_every_backend",),
@@ -421,7 +421,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "eager_non_finite_weights_run",
-        "runtime/backends.py",
+        "runtime/torch_backends.py",
         "        weights = generator.state_dict()  # the trained weights",
         "        weights = {}  # the trained weights",
         (f"{STALE}::test_non_finite_weights_are_refused_by_every_backend[eager]",),
@@ -900,7 +900,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "file_weights_hash_trusted",
-        "runtime/backends.py",
+        "runtime/backend.py",
         "        check_file_weights(path, weights, metadata)\n",
         "",
         ("test_model_roles.py::test_a_file_whose_recorded_ids_were_edited_still_cannot_run_other_weights",),

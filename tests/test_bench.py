@@ -21,9 +21,6 @@ from gantool.core.config import ModelConfig
 from gantool.core.errors import InputError
 from gantool.runtime.backends import load_backend
 from gantool.tools.bench_inpaint import (
-    _TimedBackend,
-    bench_crop,
-    bench_end_to_end,
     bench_inpaint,
     count_generator_flops,
     fastest_passing,
@@ -31,6 +28,7 @@ from gantool.tools.bench_inpaint import (
     parse_path,
     speed_goals,
 )
+from gantool.tools.bench_pipeline import _TimedBackend, bench_crop, bench_end_to_end
 from gantool.tools.interleave import PeakMemory
 from inpaint_helpers import GPU_ONLY, exported_model  # noqa: F401 (fixture)
 

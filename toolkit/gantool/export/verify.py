@@ -28,7 +28,7 @@ from gantool.export.parity import (
     torch_backend,
 )
 from gantool.nn.networks import CompletionNetwork
-from gantool.runtime.backends import strip_dtype_asserts
+from gantool.runtime.torch_backends import strip_dtype_asserts
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,6 @@
 """What opens and runs a model file. ``providers`` is the one place that opens ONNX Runtime
 sessions and picks torch devices, and says what really runs (``open_session``, ``torch_device``);
-``backends`` holds the inference backends (ONNX, ``.pt2``, AOTInductor, TorchScript, eager) at each
-precision, their registry and ``load_backend``.
+``backends`` is where every inference backend (ONNX, ``.pt2``, AOTInductor, TorchScript, eager) is
+imported from, with their registry and ``load_backend`` (the base class is in ``backend``, the
+PyTorch ones in ``torch_backends``).
 """

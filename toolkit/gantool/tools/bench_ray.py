@@ -10,7 +10,7 @@ from typing import Any
 from gantool.core.errors import GantoolError, InputError
 from gantool.inference.pipeline import run_inpaint
 from gantool.runtime.backends import load_backend
-from gantool.tools.bench_inpaint import write_bench_folder
+from gantool.tools.bench_pipeline import write_bench_folder
 
 
 def bench_ray_inpaint(
