@@ -55,6 +55,14 @@ from serve_helpers import encode, multipart, raw_connect, read_response
 URL_LINE = re.compile(r"serving on (http://\S+?)/ ")
 ADDRESS_LINE = re.compile(r"local Ray instance at (\S+) ")
 HOLE = (8, 8, 20, 16)  # y0, x0, y1, x1 of the test images' hole
+# Runs the command after it with SIGINT at its default, as a terminal's Ctrl-C finds it. Tests started
+# in the background (nohup, `&` in a script) pass SIGINT on ignored, and a Python child that inherits
+# that never raises KeyboardInterrupt: gantool sets its own handlers, Ray's `serve run` does not, and
+# waited out its 60 s there (exec keeps the PID the test signals).
+WITH_DEFAULT_SIGINT = [
+    sys.executable, "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])",
+]  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ processes
@@ -597,8 +605,10 @@ def test_rays_serve_run_on_the_written_config_gives_the_same_pixels(
     assert "s3cret" not in config.read_text() and "GANTOOL_API_KEY" in written.output  # never in the file
     serve_bin = Path(sys.executable).with_name("serve")
     env = {**ray_env, PROXY_CALLBACK_ENV: PROXY_CALLBACK, "GANTOOL_API_KEY": "s3cret"}
-    process = subprocess.Popen([str(serve_bin), "run", str(config), "--address", "local"], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    said = tmp_path / "serve run.log"  # a file, not a pipe: nothing read while it runs can fill up
+    with said.open("w") as log:
+        process = subprocess.Popen([*WITH_DEFAULT_SIGINT, str(serve_bin), "run", str(config), "--address", "local"],
+                                   env=env, stdout=subprocess.DEVNULL, stderr=log)  # fmt: skip
     pids: set[int] = set()
     try:
         url = f"http://127.0.0.1:{port}"
@@ -608,7 +618,7 @@ def test_rays_serve_run_on_the_written_config_gives_the_same_pixels(
                 if httpx.get(url + "/readyz", timeout=5).status_code == 200:
                     break
             time.sleep(0.5)
-        assert process.poll() is None, process.stderr.read() if process.stderr else ""
+        assert process.poll() is None, said.read_text()
         pids = descendants(process.pid)
         body, kind, rgb, mask = upload(seed=9)
         assert post(url, body, kind).status_code == 401  # the key came from the environment
@@ -618,10 +628,12 @@ def test_rays_serve_run_on_the_written_config_gives_the_same_pixels(
         pids |= descendants(process.pid)
         process.send_signal(signal.SIGINT)
         try:
-            process.wait(60)
+            stopped: int | None = process.wait(60)
         except subprocess.TimeoutExpired:
+            stopped = None
             process.kill()
         kill_all(pids if wait_gone(pids, 20) else set())
+    assert stopped == 0, f"serve run did not stop on Ctrl-C within 60 s: {said.read_text()[-2000:]}"
 
 
 # ----------------------------------------------------------------- options, plans, files (fast)
