@@ -926,9 +926,15 @@ import ray
 from gantool.inference.ray import ray_inpaint
 from gantool.inference.ray_connect import Terminated
 
+import traceback
 real_shutdown = ray.shutdown
 def shutdown(*args, **kwargs):
     print("AT SHUTDOWN:", sorted(t.name for t in threading.enumerate()), flush=True)
+    frames = sys._current_frames()
+    for t in threading.enumerate():  # where a thread that should have ended is waiting
+        if t.name in ("iter_threaded", "StreamingExecutor") and t.ident in frames:
+            stack = "".join(traceback.format_stack(frames[t.ident])[-4:])
+            print(f"STACK of {t.name}:", stack.replace(chr(10), " | "), flush=True)
     return real_shutdown(*args, **kwargs)
 ray.shutdown = shutdown
 out = Path(sys.argv[3])
@@ -963,7 +969,8 @@ def test_no_ray_data_thread_runs_when_ray_shuts_down_after_a_signal(
                            str(tmp_path / "out")], env=subprocess_env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0 and "TERMINATED" in proc.stdout, proc.stdout + proc.stderr
     (line,) = [line for line in proc.stdout.splitlines() if line.startswith("AT SHUTDOWN:")]
-    assert "iter_threaded" not in line and "StreamingExecutor" not in line, line
+    stacks = [line for line in proc.stdout.splitlines() if line.startswith("STACK of")]
+    assert "iter_threaded" not in line and "StreamingExecutor" not in line, "\n".join([line, *stacks])
     assert (tmp_path / "out" / RAY_MANIFEST_NAME).is_file()
 
 
