@@ -713,6 +713,27 @@ def test_the_written_config_is_one_rays_schema_accepts(exported_model: ExportedM
     assert again.exit_code == 1 and "exists" in again.output and "Traceback" not in again.output
 
 
+def test_the_written_config_records_a_relative_symlinked_model_as_given_made_absolute(
+    exported_model: ExportedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import yaml
+
+    # A link the user repoints (models/current -> v2) must be followed at the next deploy, so the
+    # config keeps the link: absolute, `..` folded, not resolved to the folder it points at today.
+    work = tmp_path / "work dir é"
+    (work / "models").mkdir(parents=True)
+    (work / "models" / "current é").symlink_to(exported_model.folder, target_is_directory=True)
+    (work / "sub").mkdir()
+    monkeypatch.chdir(work / "sub")
+    result = CliRunner().invoke(
+        cli, ["serve", "--ray", "--write-config", "../serve.yaml", "--model", "../models/./current é"]
+    )
+    assert result.exit_code == 0, result.output
+    (app,) = yaml.safe_load((work / "serve.yaml").read_text())["applications"]
+    assert app["args"]["model"] == str(work / "models" / "current é")
+    assert Path(app["args"]["model"]).resolve() == exported_model.folder.resolve()
+
+
 def serve_at_a_closed_port(exported_model: ExportedModel) -> tuple[Any, int, float]:
     """``serve --ray`` with --ray-address at a closed port: (the result, the port, seconds taken)."""
     with socket.socket() as sock:

@@ -119,13 +119,13 @@ def serve_on_ray(model: str | None, provider: str, backend: str, precision: str,
 
 def _write_config(request: Any, path: str) -> None:
     from gantool.core.artifacts import resolve_model
-    from gantool.serving.ray_launch import _absolute
+    from gantool.core.fileio import absolute_path
     from gantool.serving.ray_serve import ConfigRequest, write_serve_config
 
     opened, _ = resolve_model(request.model, request.backend)  # a typo fails here, not on the cluster
     args = request.builder_args()
     # The folder (or file) by its absolute path: the node that builds the app reads it there.
-    args["model"] = str(_absolute(request.model) if request.model else opened.parent.resolve())
+    args["model"] = str(absolute_path(request.model or opened.parent))
     key = args.pop("api_key", None)
     written = write_serve_config(path, ConfigRequest(args, request.host, request.port or 8000))
     click.echo(f"wrote {written}: run it with `serve run {written}` (or `serve deploy` on a running cluster)")

@@ -39,6 +39,15 @@ _swept: set[Path] = set()  # folders this process has already cleaned
 _swept_lock = threading.Lock()
 
 
+def absolute_path(path: str | Path) -> Path:
+    """``path`` as recorded for another process or for later: ``~`` expanded, absolute, ``..`` folded.
+
+    Symlinks are kept, not resolved: a linked image keeps its own name (outputs are named after it),
+    and a link the user repoints (``models/current``) is followed the next time the record is read.
+    """
+    return Path(os.path.abspath(Path(path).expanduser()))
+
+
 def ensure_writable_dir(folder: str | Path) -> Path:
     """Create ``folder`` if needed and check that files can be written there."""
     folder = Path(folder)

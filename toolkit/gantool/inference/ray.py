@@ -48,6 +48,7 @@ from gantool.core.constants import (
     STRATEGIES,
 )
 from gantool.core.errors import InputError, check_choice, first_line
+from gantool.core.fileio import absolute_path
 from gantool.core.processing import allow_pixels, check_blend
 from gantool.inference.manifest import Manifest, check_manifest_target, default_manifest, manifest_status, wind_down
 from gantool.inference.pipeline import (
@@ -229,13 +230,13 @@ def ray_inpaint(
         allow_pixels(max_pixels)
     # Absolute paths from here on: Ray's workers may run in another folder (a cluster joined by
     # address, or Ray started by another process), and the manifest is read from anywhere.
-    images = [_absolute(i) for i in images]
-    output, mask = (_absolute(p) if p is not None else None for p in (output, mask))
+    images = [absolute_path(i) for i in images]
+    output, mask = (absolute_path(p) if p is not None else None for p in (output, mask))
     masks = MaskSource(mask, boxes)
     found = collect_images(images, skip=[masks.path] if masks.path is not None else [])
     jobs = plan_jobs(found, output)
     model_path, _ = resolve_model(model, backend_name)  # a typo fails here, before Ray starts
-    model_path = _absolute(model_path)
+    model_path = absolute_path(model_path)
     manifest_path = Path(manifest).expanduser() if manifest is not None else default_manifest(jobs, output)
     check_manifest_target(manifest_path)
     ray = import_ray()
@@ -249,11 +250,6 @@ def ray_inpaint(
                     overwrite=overwrite, skip_existing=skip_existing, max_pixels=max_pixels)  # fmt: skip
     finally:
         lock.release()
-
-
-def _absolute(path: str | Path) -> Path:
-    """``path`` absolute and normalised (``..`` folded), symlinks kept; ``~`` expanded."""
-    return Path(os.path.abspath(Path(path).expanduser()))
 
 
 # long: the Ray run from connection to wind-down in order; its signal and manifest steps must stay visibly in sequence

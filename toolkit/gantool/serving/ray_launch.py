@@ -30,6 +30,7 @@ from typing import Any
 
 from gantool.core.constants import DEFAULT_RAY_TIMEOUT_S
 from gantool.core.errors import InputError, first_line
+from gantool.core.fileio import absolute_path
 from gantool.core.signals import STOP_SIGNALS, handlers_installed
 from gantool.serving.settings import ServeSettings
 
@@ -74,7 +75,7 @@ class RayServeRequest:
         """The same service as arguments of :func:`gantool.serving.ray_serve.app_builder`."""
         from gantool.serving.ray_serve import SETTINGS_FIELDS
 
-        args: dict[str, Any] = {"model": str(_absolute(self.model)) if self.model else None}
+        args: dict[str, Any] = {"model": str(absolute_path(self.model)) if self.model else None}
         args |= {"provider": self.provider, "backend": self.backend, "precision": self.precision, "blend": self.blend}
         for key in ("replicas", "min_replicas", "max_replicas", "replica_cpus", "replica_gpus"):
             args[key] = getattr(self, key)
@@ -82,11 +83,6 @@ class RayServeRequest:
             value = getattr(self.settings, key)
             args[key] = list(value) if isinstance(value, tuple) else value
         return {k: v for k, v in args.items() if v is not None}
-
-
-def _absolute(path: str) -> Path:
-    """``path`` as recorded for another process: absolute, resolved."""
-    return Path(path).expanduser().resolve()
 
 
 def free_port(host: str) -> int:
