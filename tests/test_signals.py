@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
+
+import pytest
 
 from gantool.core.signals import STOP_SIGNALS, handlers_installed
+from tiny import TINY_ARGS
 
 
 def _handler(signum: int, frame: object) -> None:
@@ -52,3 +60,73 @@ def test_off_the_main_thread_nothing_is_installed() -> None:
     thread.start()
     thread.join()
     assert seen[0] is False and seen[1] is not _handler
+
+
+# What a shell does for `cmd &` in a script (SIGINT ignored) and `nohup` does (SIGHUP ignored),
+# then exec: the command starts with both ignored.
+IGNORING_INT_AND_HUP = [
+    sys.executable, "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "signal.signal(signal.SIGHUP, signal.SIG_IGN); os.execvp(sys.argv[1], sys.argv[1:])",
+]  # fmt: skip
+
+
+def test_a_signal_ignored_at_start_stays_ignored_and_the_ddp_agent_leaves_it_alone(
+    subprocess_env: dict[str, str],
+) -> None:
+    script = (
+        "import signal\n"
+        "from gantool.core.signals import handlers_installed\n"
+        "from gantool.training.launch import agent_signals\n"
+        "def mine(signum, frame): pass\n"
+        "with handlers_installed({signal.SIGINT: mine, signal.SIGTERM: mine}) as installed:\n"
+        "    print(installed, signal.getsignal(signal.SIGINT) == signal.SIG_IGN, signal.getsignal(signal.SIGTERM) is mine)\n"
+        "print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN, signal.getsignal(signal.SIGTERM) is mine)\n"
+        "print(agent_signals())\n"
+    )
+    ran = subprocess.run([*IGNORING_INT_AND_HUP, sys.executable, "-c", script], env=subprocess_env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split("\n") == ["True True True", "True False", "SIGTERM,SIGQUIT", ""]
+    # Started normally, torch's agent stops the workers on all four, as torchrun does.
+    plain = subprocess.run([sys.executable, "-c", script], env=subprocess_env, capture_output=True, text=True,
+                           timeout=120)  # fmt: skip
+    assert plain.stdout.split("\n")[-2] == "SIGTERM,SIGINT,SIGHUP,SIGQUIT", plain.stderr
+
+
+@pytest.mark.parametrize("launcher", [[], ["--nproc-per-node", "2"]], ids=["one process", "two processes"])
+def test_training_started_with_nohup_in_the_background_of_a_script_ignores_hangup_and_ctrl_c(
+    launcher: list[str], tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    # Before: the 2-process launcher (torch's agent) stopped the run on SIGHUP despite nohup (exit
+    # 129), and gantool's own handler stopped either run on a Ctrl-C meant for the script (130).
+    out = tmp_path / "run"
+    args = ["train", "--out", str(out), *TINY_ARGS, "--device", "cpu", "--log-every", "1", "--checkpoint-every",
+            "2", "--sample-every", "100000", "--steps-g", "100000", "--steps-d", "0", "--steps-joint", "0"]  # fmt: skip
+    proc = subprocess.Popen([*IGNORING_INT_AND_HUP, sys.executable, "-m", "gantool", *args, *launcher],
+                            env=subprocess_env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+    metrics = out / "metrics.jsonl"
+
+    def logged() -> int:
+        return metrics.read_text().count('"images_per_s"') if metrics.exists() else 0
+
+    try:
+        deadline = time.monotonic() + 240
+        while not ((out / "checkpoints" / "last.pt").exists() and logged() >= 3):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGHUP)  # the terminal closed: to the whole process group
+        os.killpg(proc.pid, signal.SIGINT)  # the script's Ctrl-C
+        before = logged()
+        while logged() < before + 3:  # still training
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)  # what still stops it, with a checkpoint
+        stderr = proc.communicate(timeout=120)[1]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 143, stderr
+    assert (out / "checkpoints" / "last.pt").exists() and "Traceback" not in stderr

@@ -3,6 +3,11 @@ the length of a block (main thread only) with the previous ones put back after.
 
 Each command decides what a stop means (training: stop at the next step boundary; export: clean
 up and exit; ``--ray``: complete the manifest; serve: drain); this module owns only the mechanics.
+
+A signal the process started with ignored stays ignored (:data:`IGNORED_AT_START`), as Python
+itself leaves it: a shell ignores SIGINT and SIGQUIT for ``cmd &`` in a script, so that the
+script's Ctrl-C does not stop its background jobs, and ``nohup`` ignores SIGHUP, so that closing
+the terminal does not end the job.
 """
 
 from __future__ import annotations
@@ -19,6 +24,13 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
+# What a parent may have ignored for gantool (read once, when gantool is imported).
+IGNORED_AT_START: frozenset[signal.Signals] = frozenset(
+    sig
+    for sig in (getattr(signal, name, None) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT"))
+    if sig is not None and signal.getsignal(sig) == signal.SIG_IGN
+)
+
 
 @contextlib.contextmanager
 def handlers_installed(
@@ -28,11 +40,13 @@ def handlers_installed(
     no (a server that keeps its handlers once a signal came, so a second one still exits at once).
 
     Python sets handlers in the main thread only: elsewhere nothing is installed and the block
-    gets ``False`` (``True`` where they are installed).
+    gets ``False`` (``True`` where they are installed). Signals in :data:`IGNORED_AT_START` stay
+    ignored.
     """
     if threading.current_thread() is not threading.main_thread():
         yield False
         return
+    handlers = {sig: handler for sig, handler in handlers.items() if sig not in IGNORED_AT_START}
     previous = {sig: signal.getsignal(sig) for sig in handlers}
     try:
         for sig, handler in handlers.items():

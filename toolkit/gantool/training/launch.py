@@ -12,7 +12,10 @@ What this adds around it:
 - SIGINT and SIGTERM: the agent forwards them to every worker (which stop at
   the next step boundary with a checkpoint) and raises ``SignalException``
   here; that becomes exit 130 / 143, no traceback. SIGUSR1, which the agent
-  does not handle, is forwarded to every worker here (checkpoint, continue);
+  does not handle, is forwarded to every worker here (checkpoint, continue).
+  A signal gantool was started with ignored (SIGHUP under ``nohup``, SIGINT for
+  ``cmd &`` in a script) is left out of the agent's ``signals_to_handle``, so
+  it stays ignored there too;
 - a worker that dies (kill -9, a crash) is one line naming its rank, how it
   ended and the run's last complete checkpoint. The agent polls its workers
   every ``monitor_interval`` s and stops the others (SIGTERM, then SIGKILL after
@@ -47,13 +50,15 @@ from typing import Any
 
 from gantool.core.constants import CHECKPOINTS_DIR, DEFAULT_COLLECTIVE_TIMEOUT_S, LAST_CHECKPOINT, STATUS_FILE
 from gantool.core.errors import InputError, ProcessLostError, TrainingError, first_line
-from gantool.core.signals import handlers_installed
+from gantool.core.signals import IGNORED_AT_START, handlers_installed
 
 log = logging.getLogger(__name__)
 
 MAX_PROCESSES = 256
 # Set in the workers' environment: the launcher reports a dead process, so a survivor says nothing.
 LAUNCHER_ENV = "GANTOOL_NPROC_LAUNCHER"
+# The signals torch's agent stops the workers on, by default (LaunchConfig.signals_to_handle).
+AGENT_DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 # How often the agent checks its workers (s): a dead one is noticed within this.
 MONITOR_INTERVAL_S = 0.2
 
@@ -237,6 +242,7 @@ def launch(
         rdzv_endpoint="127.0.0.1:0",
         max_restarts=0,
         monitor_interval=MONITOR_INTERVAL_S,
+        signals_to_handle=agent_signals(),
     )
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: N processes share the cores
     # The agent's notices ("Received 15 death signal, shutting down workers", one per worker;
@@ -271,6 +277,13 @@ def launch(
         for logger, level in zip(noisy, levels):
             logger.setLevel(level)
     return 0
+
+
+def agent_signals() -> str:
+    """The signals torch's agent stops the workers on (its default list), less those gantool was
+    started with ignored: the agent would otherwise install its handler over ``nohup``'s SIG_IGN."""
+    ignored = {sig.name for sig in IGNORED_AT_START}
+    return ",".join(name for name in AGENT_DEFAULT_SIGNALS if name not in ignored)
 
 
 def failure_line(
