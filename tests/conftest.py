@@ -7,12 +7,20 @@ Everything is CPU-sized (width 4, 32 px images) so tests stay quick on 2 cores.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
+
+# The suite and its subprocesses run as from a terminal, with SIGINT at its default, before gantool
+# is imported: started in the background (`nohup pytest &`, `cmd &` in a script) the suite would
+# pass SIGINT on ignored, and gantool, Ray's CLI and Python itself leave an ignored SIGINT ignored,
+# so the tests' own Ctrl-C would reach nothing.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from gantool.core.config import ModelConfig
 from gantool.nn.networks import CompletionNetwork
