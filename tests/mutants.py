@@ -999,6 +999,24 @@ MUTANTS: list[Mutant] = [
         "the caller's backend before; now it passes it per run)",
     ),
     Mutant(
+        "a_signal_ignored_at_start_is_handled_again",
+        "core/signals.py",
+        "    handlers = {sig: handler for sig, handler in handlers.items() if sig not in IGNORED_AT_START}\n",
+        "",
+        ("test_signals.py::test_a_signal_ignored_at_start_stays_ignored_and_the_ddp_agent_leaves_it_alone",),
+        why="a run started with `&` in a script stopped on the script's Ctrl-C: gantool installed its own "
+        "SIGINT handler over the SIG_IGN it was started with",
+    ),
+    Mutant(
+        "ddp_agent_handles_nohups_hangup",
+        "training/launch.py",
+        "        signals_to_handle=agent_signals(),\n",
+        "",
+        ("test_signals.py::test_training_started_with_nohup_in_the_background_of_a_script_ignores_hangup_and_ctrl_c",),
+        why="nohup gantool train --nproc-per-node 2 ended when the terminal closed: torch's agent installed "
+        "its SIGHUP handler over nohup's SIG_IGN",
+    ),
+    Mutant(
         "signal_handlers_put_back_after_a_served_signal",
         "core/signals.py",
         "        if restore():",
