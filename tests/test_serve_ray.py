@@ -15,6 +15,7 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -691,6 +692,28 @@ def test_the_model_files_open_the_same_model_from_any_folder(exported_model: Exp
     assert {p.name: p.read_bytes() for p in first.iterdir()} == files.files
     single = read_model_files(exported_model.folder / "generator.onnx", "cpu", "onnx")
     assert single.open_file == "generator.onnx" and single.materialise(tmp_path).name == "generator.onnx"
+
+
+def test_a_model_whose_files_are_symlinks_reaches_the_replicas_by_their_names(
+    exported_model: ExportedModel, tmp_path: Path
+) -> None:
+    # A Hugging Face snapshot: every file a link into a blobs folder, named by hash. Before: the
+    # opened file was resolved into blobs, so a replica got one file named by hash and no export.
+    blobs, snapshot = tmp_path / "blobs", tmp_path / "snapshot é"
+    blobs.mkdir()
+    snapshot.mkdir()
+    for i, file in enumerate(sorted(exported_model.folder.iterdir())):
+        shutil.copyfile(file, blobs / f"{i:040x}")
+        (snapshot / file.name).symlink_to(Path("..") / "blobs" / f"{i:040x}")
+    real = read_model_files(exported_model.folder, "cpu", "onnx")
+    linked = read_model_files(snapshot, "cpu", "onnx")
+    assert (linked.folder, linked.open_file, linked.files) == ("snapshot é", None, real.files)
+    from gantool import Inpainter
+
+    opened = Inpainter(linked.materialise(tmp_path / "node"), provider="cpu", backend="onnx")
+    assert opened.backend.path.name in real.files and opened.backend.path.parent.name == "snapshot é"
+    one = read_model_files(snapshot / "generator.onnx", "cpu", "onnx")
+    assert one.open_file == "generator.onnx" and one.files == real.files
 
 
 def test_the_written_config_is_one_rays_schema_accepts(exported_model: ExportedModel, tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ from ray import serve
 from gantool.core.artifacts import export_files, resolve_model
 from gantool.core.constants import DEFAULT_BACKEND, DEFAULT_BLEND, DEFAULT_PRECISION, DEFAULT_PROVIDER
 from gantool.core.errors import InputError, first_line
+from gantool.core.fileio import absolute_path
 from gantool.inference.inpainter import Inpainter, ModelFills
 from gantool.runtime.threads import set_inference_threads
 from gantool.serving.app import build_app
@@ -102,7 +103,7 @@ def read_model_files(
     """The files a replica needs to open ``model`` as ``gantool serve`` does here: the model file
     (``opened``, the file the driver's backend opened, else resolved now) and its export's files."""
     path = opened if opened is not None else resolve_model(model, backend)[0]
-    path = Path(path).resolve()
+    path = absolute_path(path)  # links kept: a Hugging Face snapshot's files link to blobs named by hash
     folder = path.parent
     files = {p.name: p for p in export_files(folder).values()}
     files[path.name] = path
