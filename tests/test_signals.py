@@ -62,13 +62,20 @@ def test_off_the_main_thread_nothing_is_installed() -> None:
     assert seen[0] is False and seen[1] is not _handler
 
 
-# What a shell does for `cmd &` in a script (SIGINT ignored) and `nohup` does (SIGHUP ignored),
-# then exec: the command starts with both ignored.
-IGNORING_INT_AND_HUP = [
-    sys.executable, "-c",
-    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-    "signal.signal(signal.SIGHUP, signal.SIG_IGN); os.execvp(sys.argv[1], sys.argv[1:])",
-]  # fmt: skip
+def started_with(*ignored: str) -> list[str]:
+    """A command prefix that starts what follows with ``ignored`` signals ignored and the other stop
+    signals at their default, then execs it: what a shell does for `cmd &` in a script (SIGINT and
+    SIGQUIT ignored) and `nohup` does (SIGHUP), whatever this suite itself was started with."""
+    code = (
+        "import os, signal, sys\n"
+        "for name in ('SIGINT', 'SIGTERM', 'SIGHUP', 'SIGQUIT'):\n"
+        f"    signal.signal(getattr(signal, name), signal.SIG_IGN if name in {list(ignored)!r} else signal.SIG_DFL)\n"
+        "os.execvp(sys.argv[1], sys.argv[1:])\n"
+    )
+    return [sys.executable, "-c", code]
+
+
+IGNORING_INT_AND_HUP = started_with("SIGINT", "SIGHUP")
 
 
 def test_a_signal_ignored_at_start_stays_ignored_and_the_ddp_agent_leaves_it_alone(
@@ -89,8 +96,8 @@ def test_a_signal_ignored_at_start_stays_ignored_and_the_ddp_agent_leaves_it_alo
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.split("\n") == ["True True True", "True False", "SIGTERM,SIGQUIT", ""]
     # Started normally, torch's agent stops the workers on all four, as torchrun does.
-    plain = subprocess.run([sys.executable, "-c", script], env=subprocess_env, capture_output=True, text=True,
-                           timeout=120)  # fmt: skip
+    plain = subprocess.run([*started_with(), sys.executable, "-c", script], env=subprocess_env, capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
     assert plain.stdout.split("\n")[-2] == "SIGTERM,SIGINT,SIGHUP,SIGQUIT", plain.stderr
 
 
