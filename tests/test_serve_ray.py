@@ -52,6 +52,7 @@ from gantool.serving.ray_serve import (
 )
 from gantool.serving.settings import ServeSettings
 from inpaint_helpers import ExportedModel, exported_model, textured_rgb  # noqa: F401 (fixture)
+from process_helpers import descendants
 from serve_helpers import encode, multipart, raw_connect, read_response
 
 URL_LINE = re.compile(r"serving on (http://\S+?)/ ")
@@ -70,23 +71,6 @@ WITH_DEFAULT_SIGINT = [
 # ------------------------------------------------------------------------------ processes
 
 
-def descendants(pid: int) -> set[int]:
-    """Every live process below ``pid`` (Linux /proc): a Ray instance's GCS, raylet, workers."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                stat = (entry / "stat").read_text()
-                ppid = int(stat.rsplit(")", 1)[1].split()[1])
-                children.setdefault(ppid, []).append(int(entry.name))
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
 
 
 def alive(pids: set[int]) -> set[int]:

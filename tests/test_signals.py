@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gantool.core.signals import STOP_SIGNALS, handlers_installed
+from process_helpers import descendants
 from tiny import TINY_ARGS
 
 
@@ -154,13 +155,7 @@ def test_training_started_with_nohup_in_the_background_of_a_script_ignores_hangu
         stderr = proc.communicate(timeout=120)[1]
     finally:
         if proc.poll() is None:  # a failure above: no process of the run may outlive the test
-            tree, todo = [], [proc.pid]
-            while todo:
-                pid = todo.pop()
-                tree.append(pid)
-                with contextlib.suppress(OSError):  # gone meanwhile
-                    todo += children(pid)
-            for pid in tree:
+            for pid in [proc.pid, *descendants(proc.pid)]:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
             proc.wait()
