@@ -917,32 +917,46 @@ def test_settling_waits_for_the_runs_threads_but_not_for_parked_ones() -> None:
     release.set()
 
 
-# A run in its own process that starts Ray, is sent SIGTERM after 3 outputs, and prints the
-# threads alive when it shuts Ray down (observed by wrapping ray.shutdown, which then runs as usual).
+# A run in its own process that starts Ray, is sent SIGTERM, and prints the threads alive when it
+# shuts Ray down (observed by wrapping ray.shutdown, which then runs as usual). The signal comes
+# after 3 outputs, wherever the main thread is then ("anywhere"), or right after Ray Data has
+# started its executor, before its iterator's try/finally ("before the iteration"). A hang prints
+# every thread's stack and exits 1.
 SHUTDOWN_THREADS_SCRIPT = """
-import os, signal, sys, threading, time
+import faulthandler, os, signal, sys, threading, time, traceback
 from pathlib import Path
+faulthandler.dump_traceback_later(240, exit=True)
 import ray
+from ray.data._internal.execution.streaming_executor import StreamingExecutor
 from gantool.inference.ray import ray_inpaint
 from gantool.inference.ray_connect import Terminated
 
-import traceback
 real_shutdown = ray.shutdown
 def shutdown(*args, **kwargs):
     print("AT SHUTDOWN:", sorted(t.name for t in threading.enumerate()), flush=True)
     frames = sys._current_frames()
     for t in threading.enumerate():  # where a thread that should have ended is waiting
-        if t.name in ("iter_threaded", "StreamingExecutor") and t.ident in frames:
+        if t.name.startswith(RAY_DATA_THREADS) and t.ident in frames:
             stack = "".join(traceback.format_stack(frames[t.ident])[-4:])
             print(f"STACK of {t.name}:", stack.replace(chr(10), " | "), flush=True)
     return real_shutdown(*args, **kwargs)
 ray.shutdown = shutdown
+RAY_DATA_THREADS = ("iter_threaded", "StreamingExecutor", "ray-data-metadata-prefetch")
 out = Path(sys.argv[3])
-def send_sigterm():  # from another thread, as a user would: it lands wherever the main thread is
+def send_sigterm():  # as a user would: it lands wherever the main thread is
     while len(list(out.glob("*.inpainted.png"))) < 3:
         time.sleep(0.05)
     os.kill(os.getpid(), signal.SIGTERM)
-threading.Thread(target=send_sigterm, daemon=True).start()
+if sys.argv[4] == "anywhere":
+    threading.Thread(target=send_sigterm, daemon=True).start()
+else:
+    real_execute = StreamingExecutor.execute
+    def execute(self, *args, **kwargs):
+        iterator = real_execute(self, *args, **kwargs)
+        send_sigterm()
+        time.sleep(1)  # the handler raises in here
+        return iterator
+    StreamingExecutor.execute = execute
 try:
     ray_inpaint([Path(sys.argv[1])], model=Path(sys.argv[2]), provider="cpu", backend_name="onnx",
                 output=out, boxes=[(8, 8, 20, 20)], batch_size=1, actors=1)
@@ -952,25 +966,31 @@ except Terminated:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("where", ["anywhere", "before the iteration"])
 def test_no_ray_data_thread_runs_when_ray_shuts_down_after_a_signal(
-    exported_model: ExportedModel, tmp_path: Path, subprocess_env: dict[str, str]
+    exported_model: ExportedModel, tmp_path: Path, subprocess_env: dict[str, str], where: str
 ) -> None:
-    # Before the fix: Ray Data's iterator threads ("iter_threaded") were still alive when the run
-    # shut Ray down; one inside a Ray call then made Ray's core worker end the process with
-    # status 1 ("The core worker has already been shutdown"), not 143, before the manifest was
-    # complete (seen once in CI). Where the signal lands varies, so this catches the bug in most
-    # runs, not all (2 of 2 before the fix, 2 of 3 with the wait skipped); the wait itself is
-    # checked deterministically by test_settling_waits_for_the_runs_threads_but_not_for_parked_ones.
+    # Before the fixes:
+    # - anywhere: Ray Data's iterator threads ("iter_threaded") were still alive when the run
+    #   shut Ray down; one inside a Ray call then made Ray's core worker end the process with
+    #   status 1 ("The core worker has already been shutdown"), not 143, before the manifest was
+    #   complete (seen once in CI). Where the signal lands varies, so this catches the bug in most
+    #   runs, not all (2 of 2 before the fix, 2 of 3 with the wait skipped); the wait itself is
+    #   checked deterministically by test_settling_waits_for_the_runs_threads_but_not_for_parked_ones.
+    # - before the iteration: the executor, held only by the exception's frames, was still running
+    #   (its "ray-data-metadata-prefetch" thread alive) at ray.shutdown, and shut itself down at
+    #   exit: Ray Data started a new Ray instance and the process hung (seen once in CI).
     folder = tmp_path / "album"
     folder.mkdir()
     for i in range(30):
         Image.fromarray(textured_rgb(48, 48, i)).save(folder / f"{i:02d}.png")
     proc = subprocess.run([sys.executable, "-c", SHUTDOWN_THREADS_SCRIPT, str(folder), str(exported_model.folder),
-                           str(tmp_path / "out")], env=subprocess_env, capture_output=True, text=True, timeout=300)  # fmt: skip
+                           str(tmp_path / "out"), where], env=subprocess_env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
     assert proc.returncode == 0 and "TERMINATED" in proc.stdout, proc.stdout + proc.stderr
     (line,) = [line for line in proc.stdout.splitlines() if line.startswith("AT SHUTDOWN:")]
     stacks = [line for line in proc.stdout.splitlines() if line.startswith("STACK of")]
-    assert "iter_threaded" not in line and "StreamingExecutor" not in line, "\n".join([line, *stacks])
+    assert not stacks, "\n".join([line, *stacks])
     assert (tmp_path / "out" / RAY_MANIFEST_NAME).is_file()
 
 

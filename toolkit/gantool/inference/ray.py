@@ -71,6 +71,7 @@ from gantool.inference.ray_connect import (
     check_reachable,
     connect,
     quiet_logger,
+    release_interrupted,
     shielded,
     sigterm_as_interrupt,
 )
@@ -363,6 +364,8 @@ def _run(
         missing_cause = f"not processed: interrupted ({'SIGTERM' if isinstance(e, Terminated) else 'SIGINT'})"
     finally:
         with shielded():
+            if interrupted is not None:
+                release_interrupted(interrupted)
             wind_down(ray, started_here, book, todo, reported, begun, overwrite, missing_cause, record, threads_before)
         signals.close()
     if interrupted is not None:

@@ -8,7 +8,8 @@ ping for a ``ray://`` address; over TLS with ``RAY_USE_TLS``) and
 :func:`connect` bounds ``ray.init`` by what is left of the same timeout, so every
 failure is one line naming the address. :class:`FolderLock` keeps two runs out of one output folder;
 :func:`sigterm_as_interrupt` lets SIGTERM end a run as Ctrl-C does, so the manifest
-is completed, and :func:`settle_ray_threads` lets Ray Data's threads end before Ray shuts down.
+is completed, :func:`release_interrupted` and :func:`settle_ray_threads` let Ray Data's
+execution and threads end before Ray shuts down.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import _thread
 import contextlib
 import fcntl
+import gc
 import logging
 import os
 import re
@@ -23,6 +25,7 @@ import signal
 import socket
 import threading
 import time
+import traceback
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -54,6 +57,17 @@ def sigterm_as_interrupt() -> Iterator[None]:
     # Ctrl-C: KeyboardInterrupt, whatever handler was there before
     with handlers_installed({signal.SIGTERM: handler, signal.SIGINT: signal.default_int_handler}):
         yield
+
+
+def release_interrupted(error: BaseException) -> None:
+    """Free what the frames of an interrupted run still hold, and collect it, while Ray is up.
+
+    A signal that lands after Ray Data has started its executor but before its iterator's
+    try/finally leaves the executor referenced only by these frames: it goes on running the job,
+    and at interpreter exit, after ``ray.shutdown()``, its own shutdown starts a new Ray instance
+    and the process hangs. Freed here, it shuts down now (Ray Data's finalizers)."""
+    traceback.clear_frames(error.__traceback__)  # keeps the frames (file, line), drops their locals
+    gc.collect()  # the executor and its thread refer to each other
 
 
 # Ray Data threads that sit parked once their iterator is closed: they call Ray only when fed.
