@@ -855,6 +855,14 @@ MUTANTS: list[Mutant] = [
         ci=False,
     ),
     Mutant(
+        "ray_interrupted_frames_keep_the_execution",
+        "inference/ray.py",
+        "                release_interrupted(interrupted)",
+        "                pass",
+        (f"{RAYS}::test_a_signal_between_ray_datas_start_and_its_iteration_stops_the_execution_before_returning",),
+        ci=False,
+    ),
+    Mutant(
         "ray_sigterm_not_handled",
         "inference/ray_connect.py",
         "{signal.SIGTERM: handler, signal.SIGINT: signal.default_int_handler}",

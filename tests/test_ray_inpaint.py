@@ -917,6 +917,50 @@ def test_settling_waits_for_the_runs_threads_but_not_for_parked_ones() -> None:
     release.set()
 
 
+def test_a_signal_between_ray_datas_start_and_its_iteration_stops_the_execution_before_returning(
+    ray_cluster: Any, exported_model: ExportedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before the fix: a SIGTERM or Ctrl-C that landed after Ray Data had started its executor but
+    # before its iterator's try/finally left the executor referenced only by the exception's frames.
+    # It went on inpainting after ray_inpaint had returned (files written that the manifest called
+    # "not processed"), and, where the run had started Ray, shut itself down at interpreter exit,
+    # after ray.shutdown: Ray Data then started a new Ray instance and the process hung (seen in CI;
+    # the subprocess test below shows the hang).
+    from ray.data._internal.execution.streaming_executor import StreamingExecutor
+
+    from gantool.inference.ray_connect import Terminated
+
+    folder = tmp_path / "album"
+    folder.mkdir()
+    for i in range(12):
+        Image.fromarray(textured_rgb(24, 24, i)).save(folder / f"{i:02d}.png")
+    out = tmp_path / "out"
+    started: list[StreamingExecutor] = []
+    real_execute = StreamingExecutor.execute
+
+    def execute(self: StreamingExecutor, *args: Any, **kwargs: Any) -> Any:
+        _iterator = real_execute(self, *args, **kwargs)  # held by this frame only, as in Ray Data
+        started.append(self)
+        deadline = time.monotonic() + 60
+        while not list(out.glob("*.inpainted.png")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        raise Terminated(signal.SIGTERM)  # where the signal handler would raise it
+
+    monkeypatch.setattr(StreamingExecutor, "execute", execute)
+    with pytest.raises(Terminated) as interrupted:
+        ray_run(exported_model, [folder], out, boxes=[(4, 4, 12, 12)], batch_size=1, actors=1)
+    (executor,) = started
+    assert executor._shutdown and not executor.is_alive()
+    written = sorted(p.name for p in out.glob("*.inpainted.png"))
+    time.sleep(1.0)
+    assert sorted(p.name for p in out.glob("*.inpainted.png")) == written  # nothing written after the return
+    rows = {Path(row["input"]).name: row for row in manifest_of(out / RAY_MANIFEST_NAME)}
+    assert len(rows) == 12 and written
+    for name, row in rows.items():
+        assert (row["status"] == "inpainted") == (name.replace(".png", ".inpainted.png") in written), row
+    assert interrupted.value.signum == signal.SIGTERM
+
+
 # A run in its own process that starts Ray, is sent SIGTERM, and prints the threads alive when it
 # shuts Ray down (observed by wrapping ray.shutdown, which then runs as usual). The signal comes
 # after 3 outputs, wherever the main thread is then ("anywhere"), or right after Ray Data has
