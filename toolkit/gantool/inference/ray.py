@@ -365,7 +365,7 @@ def _run(
     finally:
         with shielded():
             if interrupted is not None:
-                release_interrupted(interrupted)
+                release_interrupted(interrupted, threads_before)
             wind_down(ray, started_here, book, todo, reported, begun, overwrite, missing_cause, record, threads_before)
         signals.close()
     if interrupted is not None:

@@ -59,13 +59,23 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield
 
 
-def release_interrupted(error: BaseException) -> None:
-    """Free what the frames of an interrupted run still hold, and collect it, while Ray is up.
+def release_interrupted(error: BaseException, before: set[threading.Thread]) -> None:
+    """Stop the Ray Data execution an interrupted run leaves behind, while Ray is still up.
 
     A signal that lands after Ray Data has started its executor but before its iterator's
-    try/finally leaves the executor referenced only by these frames: it goes on running the job,
-    and at interpreter exit, after ``ray.shutdown()``, its own shutdown starts a new Ray instance
-    and the process hangs. Freed here, it shuts down now (Ray Data's finalizers)."""
+    try/finally leaves the executor referenced only by the exception's frames: it went on
+    inpainting after the run returned, and at interpreter exit, after ``ray.shutdown()``, its own
+    shutdown started a new Ray instance and the process hung. One still running (an executor is
+    its own thread, started since ``before``) is shut down as Ray Data shuts one down when its
+    iteration ends, its actors killed; one whose work is done is freed from the frames, and Ray
+    Data's finalizers shut it down."""
+    running: list[Any] = []
+    with contextlib.suppress(ImportError):  # a Ray Data that moved it: the frames below still free it
+        from ray.data._internal.execution.streaming_executor import StreamingExecutor
+
+        running = [t for t in threading.enumerate() if t not in before and isinstance(t, StreamingExecutor)]
+    for executor in running:
+        executor.shutdown(force=True)
     traceback.clear_frames(error.__traceback__)  # keeps the frames (file, line), drops their locals
     gc.collect()  # the executor and its thread refer to each other
 
