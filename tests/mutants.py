@@ -857,7 +857,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "ray_interrupted_frames_keep_the_execution",
         "inference/ray.py",
-        "                release_interrupted(interrupted)",
+        "                release_interrupted(interrupted, threads_before)",
         "                pass",
         (f"{RAYS}::test_a_signal_between_ray_datas_start_and_its_iteration_stops_the_execution_before_returning",),
         ci=False,
