@@ -75,7 +75,10 @@ def release_interrupted(error: BaseException, before: set[threading.Thread]) -> 
 
         running = [t for t in threading.enumerate() if t not in before and isinstance(t, StreamingExecutor)]
     for executor in running:
-        executor.shutdown(force=True)
+        try:
+            executor.shutdown(force=True)
+        except Exception as e:  # the manifest is still to be completed: that goes first
+            logger.debug("Ray Data's executor did not shut down: %s", first_line(e))
     traceback.clear_frames(error.__traceback__)  # keeps the frames (file, line), drops their locals
     gc.collect()  # the executor and its thread refer to each other
 
