@@ -818,6 +818,47 @@ def _assert_resumes_exactly(tmp_path: Path, out: Path, state: dict, step: int) -
     assert logged == list(range(1, step + 3))  # the steps logged past the checkpoint were trained again, once
 
 
+# Loaded by every Python process of the run (PYTHONPATH): a worker records that it started and, if its
+# interpreter's teardown runs, the names of the threads alive then.
+TEARDOWN_PROBE = """
+import atexit, os
+from pathlib import Path
+if os.environ.get("RANK") is not None:
+    folder = Path({folder!r})
+    (folder / ("started-" + os.environ["RANK"])).touch()
+    def record():
+        names = []
+        for task in Path("/proc/self/task").iterdir():
+            try:
+                names.append((task / "comm").read_text().strip())
+            except OSError:
+                pass
+        (folder / ("teardown-" + os.environ["RANK"])).write_text(" ".join(sorted(names)))
+    atexit.register(record)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the workers' threads from Linux /proc")
+def test_a_finished_worker_runs_no_interpreter_teardown_beside_the_process_groups_threads(tmp_path):
+    """DDP keeps its gloo process group, and so its threads, alive after destroy_process_group
+    (pytorch#107298). A worker's interpreter teardown beside them aborted once in CI (SIGABRT,
+    "terminate called without an active exception"), and the launcher reported a finished run as
+    failed. Whenever a finished worker's teardown runs, no thread of gloo may be running."""
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "sitecustomize.py").write_text(TEARDOWN_PROBE.format(folder=str(probe)))
+    env = subprocess_env()
+    env["PYTHONPATH"] = os.pathsep.join((str(probe), env["PYTHONPATH"]))
+    done = subprocess.run([*LAUNCHER, "--out", str(tmp_path / "run"), *NPROC_ARGS, "--steps-g", "2"],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "done: step 2" in done.stdout, done.stdout
+    assert sorted(p.name for p in probe.glob("started-*")) == ["started-0", "started-1"]  # the probe ran
+    for record in probe.glob("teardown-*"):
+        assert "gloo" not in record.read_text(), f"{record.name}: {record.read_text()}"
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the launcher's workers through Linux /proc")
 @pytest.mark.parametrize("killed", [1, 0])  # 0: the rank that keeps status.json

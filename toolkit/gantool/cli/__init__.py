@@ -110,8 +110,8 @@ _as_program = False
 
 
 def exit_stopped(code: int) -> NoReturn:
-    """End a command stopped by a signal (130/143), or a worker whose peer died (75). As the
-    program: at once, skipping the
+    """End a command stopped by a signal (130/143), a worker whose peer died (75), or a finished
+    worker of a multi-process run (its code). As the program: at once, skipping the
     interpreter's teardown, which takes seconds with torch loaded *after* it has put the default
     signal handlers back, so a second Ctrl-C there would kill the process by the signal. Called
     while the command's own handlers still hold, this leaves no such window. In-process: SystemExit."""

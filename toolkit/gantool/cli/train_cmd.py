@@ -225,6 +225,12 @@ def train(
             exit_stopped(e.exit_code)
         stop.settle()  # a signal while reporting (or exiting) is ignored: the checkpoint is on disk
         _report(result)
+        if result.world_size > 1:
+            # DDP keeps its process group alive after destroy_process_group (pytorch#107298): gloo's
+            # threads would run through the interpreter's teardown, seconds long with torch loaded, where
+            # a worker once aborted ("terminate called without an active exception") and the launcher
+            # reported a finished run as failed. Its files are closed and flushed: it ends at once.
+            exit_stopped(result.exit_code)
 
 
 def _run(
@@ -278,7 +284,7 @@ def _argv_without_nproc() -> list[str]:
 
 def _report(result: Any) -> None:
     if result.rank != 0:  # under torchrun, rank 0 speaks for the run
-        sys.exit(result.exit_code)
+        return
     where = result.last_checkpoint
     at = f" (step {result.checkpoint_step})" if result.checkpoint_step is not None else ""
     if result.interrupted:

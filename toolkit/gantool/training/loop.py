@@ -131,6 +131,7 @@ class TrainResult:
     interrupted: bool = False
     history: list[dict[str, Any]] = field(default_factory=list)
     rank: int = 0  # under torchrun, only rank 0 wrote files (and should print)
+    world_size: int = 1  # processes in the run (more than one under torchrun or --nproc-per-node)
     stop_signal: int | None = None  # the signal that stopped the run (SIGINT, SIGTERM), if any
     aborted: bool = False  # a second signal stopped it at once, without writing a checkpoint
     checkpoint_step: int | None = None  # the step of ``last_checkpoint``
@@ -240,7 +241,7 @@ def _run(
         device = dist.device or resolve_device(cfg.device)
         run_dir, release = _claim_on_rank0(plan, dist)
         made = plan.new and dist.is_main
-        result.run_dir, result.rank = run_dir, dist.rank
+        result.run_dir, result.rank, result.world_size = run_dir, dist.rank, dist.world_size
         _train(
             cfg.replace(out=str(run_dir)),
             state,
