@@ -961,6 +961,66 @@ def test_a_signal_between_ray_datas_start_and_its_iteration_stops_the_execution_
     assert interrupted.value.signum == signal.SIGTERM
 
 
+def _album(tmp_path: Path, count: int) -> Path:
+    folder = tmp_path / "album"
+    folder.mkdir()
+    for i in range(count):
+        Image.fromarray(textured_rgb(24, 24, i)).save(folder / f"{i:02d}.png")
+    return folder
+
+
+def test_a_signal_while_a_result_is_recorded_still_writes_its_manifest_line(
+    ray_cluster: Any, exported_model: ExportedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before the fix (seen in CI): a SIGTERM that landed after the driver had marked a file reported
+    # but before its manifest line was written lost the line; the wind-down skips reported files.
+    from gantool.inference.manifest import Manifest
+    from gantool.inference.ray_connect import Terminated
+
+    folder, out = _album(tmp_path, 6), tmp_path / "out"
+    real_add, calls = Manifest.add, []
+
+    def add(self: Manifest, **entry: Any) -> None:
+        calls.append(entry["input"])
+        if len(calls) == 2:  # a real signal; its handler runs at the next bytecode, inside record
+            os.kill(os.getpid(), signal.SIGTERM)
+        real_add(self, **entry)
+
+    monkeypatch.setattr(Manifest, "add", add)
+    with pytest.raises(Terminated):
+        ray_run(exported_model, [folder], out, boxes=[(4, 4, 12, 12)], batch_size=1, actors=1)
+    rows = manifest_of(out / RAY_MANIFEST_NAME)
+    assert sorted(Path(row["input"]).name for row in rows) == sorted(p.name for p in folder.iterdir())
+    assert Path(calls[1]).name in {Path(row["input"]).name for row in rows if row["status"] == "inpainted"}
+
+
+def test_a_second_signal_of_the_other_kind_during_the_wind_down_leaves_the_manifest_complete(
+    ray_cluster: Any, exported_model: ExportedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before the fix: Ctrl-C, then SIGTERM while the manifest was being completed (a job manager
+    # following up), raised in the wind-down: the manifest was never renamed into place.
+    from gantool.inference.manifest import Manifest
+
+    folder, out = _album(tmp_path, 6), tmp_path / "out"
+    real_add, calls = Manifest.add, []
+
+    def add(self: Manifest, **entry: Any) -> None:
+        real_add(self, **entry)
+        calls.append(entry["input"])
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # the run is interrupted after its first result
+        elif entry["ms"] is None:  # the wind-down's lines: each gets a SIGTERM
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(Manifest, "add", add)
+    with pytest.raises(KeyboardInterrupt) as interrupted:
+        ray_run(exported_model, [folder], out, boxes=[(4, 4, 12, 12)], batch_size=1, actors=1)
+    assert type(interrupted.value) is KeyboardInterrupt  # the first signal's, not the second's
+    rows = manifest_of(out / RAY_MANIFEST_NAME)
+    assert sorted(Path(row["input"]).name for row in rows) == sorted(p.name for p in folder.iterdir())
+    assert len(calls) == 6 and not list(out.glob(".*.tmp"))
+
+
 # A run in its own process that starts Ray, is sent SIGTERM, and prints the threads alive when it
 # shuts Ray down (observed by wrapping ray.shutdown, which then runs as usual). The signal comes
 # after 3 outputs, wherever the main thread is then ("anywhere"), or right after Ray Data has

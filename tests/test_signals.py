@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gantool.core.signals import STOP_SIGNALS, handlers_installed
+from gantool.core.signals import STOP_SIGNALS, handlers_installed, signals_deferred
 from process_helpers import descendants
 from tiny import TINY_ARGS
 
@@ -49,6 +49,48 @@ def test_restore_false_keeps_the_handlers() -> None:
         assert signal.getsignal(signal.SIGTERM) is _handler
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_a_deferred_signal_reaches_the_previous_handler_when_the_block_ends() -> None:
+    got: list[tuple[str, int]] = []
+
+    def previous(signum: int, frame: object) -> None:
+        got.append(("handled", signum))
+        raise KeyboardInterrupt
+
+    with handlers_installed({signal.SIGTERM: previous}), pytest.raises(KeyboardInterrupt), signals_deferred():
+        os.kill(os.getpid(), signal.SIGTERM)  # a real signal: its handler runs at the next bytecode
+        time.sleep(0.05)
+        got.append(("block done", 0))  # not cut: the block runs to its end first
+    assert got == [("block done", 0), ("handled", signal.SIGTERM)]
+
+
+def test_a_deferred_signal_is_delivered_also_when_the_block_raises_and_none_without_one() -> None:
+    got: list[int] = []
+    with handlers_installed({signal.SIGINT: lambda signum, frame: got.append(signum)}):
+        with pytest.raises(KeyError), signals_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            raise KeyError("inside")
+        assert got == [signal.SIGINT]
+        with signals_deferred():
+            pass
+        assert got == [signal.SIGINT]
+
+
+def test_a_deferred_signal_whose_previous_handling_was_the_default_still_ends_the_process() -> None:
+    code = (
+        "import os, signal, time\n"
+        "from gantool.core.signals import signals_deferred\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
+        "with signals_deferred():\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(0.05)\n"
+        "    print('block done', flush=True)\n"
+        "print('not reached', flush=True)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGTERM and proc.stdout == "block done\n", proc.stderr
 
 
 def test_off_the_main_thread_nothing_is_installed() -> None:

@@ -1,5 +1,6 @@
 """Signal handlers, installed in one place: which signals end a job, and installing handlers for
-the length of a block (main thread only) with the previous ones put back after.
+the length of a block (main thread only) with the previous ones put back after, and holding stop
+signals off for a block that must not be cut half-way (:func:`signals_deferred`).
 
 Each command decides what a stop means (training: stop at the next step boundary; export: clean
 up and exit; ``--ray``: complete the manifest; serve: drain); this module owns only the mechanics.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import FrameType
 from typing import Any
 
@@ -56,3 +57,29 @@ def handlers_installed(
         if restore():
             for sig, old in previous.items():
                 signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def signals_deferred(signals: Iterable[signal.Signals] = STOP_SIGNALS) -> Iterator[None]:
+    """``signals`` that arrive while the block runs are noted, and handled when it ends (also when
+    it raises) by the handlers that were there before, as if they had arrived just then.
+
+    For a block that a raising handler must not cut half-way: one manifest line and its
+    bookkeeping, or torch.export's tracing, out of which an exception raised by a handler has
+    crashed the process (SIGSEGV). Outside the main thread nothing is deferred (nor installed).
+    """
+    arrived: list[int] = []
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        arrived.append(signum)
+
+    try:
+        with handlers_installed(dict.fromkeys(signals, note)):
+            yield
+    finally:
+        for signum in arrived:  # the previous handlers are back
+            handler = signal.getsignal(signum)
+            if callable(handler):
+                handler(signum, None)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(signum)  # the default action, as if it came now

@@ -50,6 +50,7 @@ from gantool.core.constants import (
 from gantool.core.errors import InputError, check_choice, first_line
 from gantool.core.fileio import absolute_path
 from gantool.core.processing import allow_pixels, check_blend
+from gantool.core.signals import signals_deferred
 from gantool.inference.manifest import Manifest, check_manifest_target, default_manifest, manifest_status, wind_down
 from gantool.inference.pipeline import (
     FileResult,
@@ -308,13 +309,16 @@ def _run(
     threads_before = set(threading.enumerate())
 
     def record(result: FileResult, provider: str | None, backend: str | None, ms: float | None) -> None:
-        reported.add(str(result.source))
-        summary.results.append(result)
-        summary.finished_at.append(time.perf_counter())
-        status = "skipped" if result.skipped else manifest_status(result)
-        assert book is not None
-        book.add(input=str(result.source), output=str(result.output) if result.output is not None else None,
-                 status=status, error=result.error, provider=provider, ms=ms)  # fmt: skip
+        # Whole or not at all: a signal between marking a file reported and writing its line lost the
+        # line (the wind-down skips reported files), so the handler's exception waits for the block's end.
+        with signals_deferred():
+            reported.add(str(result.source))
+            summary.results.append(result)
+            summary.finished_at.append(time.perf_counter())
+            status = "skipped" if result.skipped else manifest_status(result)
+            assert book is not None
+            book.add(input=str(result.source), output=str(result.output) if result.output is not None else None,
+                     status=status, error=result.error, provider=provider, ms=ms)  # fmt: skip
         if on_result is not None and not result.skipped:
             on_result(result)
 

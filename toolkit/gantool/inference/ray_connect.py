@@ -32,7 +32,7 @@ from typing import Any
 
 from gantool.core.errors import InputError, first_line
 from gantool.core.fileio import ensure_writable_dir
-from gantool.core.signals import handlers_installed
+from gantool.core.signals import STOP_SIGNALS, handlers_installed
 
 
 class Terminated(KeyboardInterrupt):
@@ -459,7 +459,8 @@ def quiet_logger(name: str, drop: logging.Filter | None = None) -> Iterator[None
 
 @contextlib.contextmanager
 def shielded() -> Iterator[None]:
-    """Ctrl-C held off (main thread) while the manifest is completed: a second Ctrl-C during the
-    wind-down would otherwise leave it half-written. The wind-down is short (Ray's shutdown)."""
-    with handlers_installed({signal.SIGINT: signal.SIG_IGN}):
+    """Ctrl-C and SIGTERM ignored (main thread) while the manifest is completed: a second signal
+    during the wind-down, of either kind (Ctrl-C, then SIGTERM from a job manager), would otherwise
+    leave it half-written. The wind-down is short (Ray's shutdown)."""
+    with handlers_installed(dict.fromkeys(STOP_SIGNALS, signal.SIG_IGN)):
         yield
