@@ -283,6 +283,38 @@ def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.parametrize("exporter", ["onnx", "torch.export"])
+def test_a_signal_during_torch_exports_trace_is_handled_when_the_trace_ends(tmp_path: Path, exporter: str) -> None:
+    """The export's handler raises; a signal that arrives while torch.export traces the generator
+    (here: from inside its forward) reaches the handler only once the trace has ended."""
+    # Before the fix the handler's exception was raised inside the trace: seen in CI as a SIGSEGV
+    # of `gantool export --onnx` after SIGTERM, instead of its one line and exit 143.
+    from gantool.core.signals import handlers_installed
+    from gantool.export.formats import example_inputs, export_onnx, export_program
+
+    generator = random_generator(TINY_CONFIG, seed=1).eval()
+    events: list[str] = []
+
+    def in_the_trace(module: torch.nn.Module, args: object) -> None:
+        if not events:
+            os.kill(os.getpid(), signal.SIGTERM)  # a real signal: its handler runs at the next bytecode
+        events.append("traced on")
+
+    def handler(signum: int, frame: object) -> None:
+        events.append("handled")
+        raise KeyboardInterrupt
+
+    generator.register_forward_pre_hook(in_the_trace)
+    example = example_inputs(TINY_CONFIG.size)
+    with handlers_installed({signal.SIGTERM: handler}), pytest.raises(KeyboardInterrupt):
+        if exporter == "onnx":
+            export_onnx(generator, example, tmp_path / "g.onnx", {})
+        else:
+            export_program(generator, example)
+    assert events[0] == "traced on" and events[-1] == "handled" and events.count("handled") == 1, events
+    assert not (tmp_path / "g.onnx").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "sig, code, formats",

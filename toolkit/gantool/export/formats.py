@@ -37,6 +37,7 @@ from gantool.core.artifacts import (
     TORCHSCRIPT_METADATA_ENTRY,
 )
 from gantool.core.errors import InputError, ModelError, first_line
+from gantool.core.signals import signals_deferred
 from gantool.export.provenance import strip_onnx_debug_info, strip_torchscript_debug_info
 from gantool.nn.networks import CompletionNetwork, complete
 from gantool.runtime.providers import cpu_isa_flags
@@ -117,7 +118,7 @@ def export_onnx(
     import onnx
 
     try:
-        with quiet_exporter(), torch.no_grad():
+        with quiet_exporter(), torch.no_grad(), signals_deferred():  # see export_program
             program = torch.onnx.export(
                 module, example, dynamo=True, dynamic_shapes=dynamic_shapes(), input_names=INPUT_NAMES,
                 output_names=OUTPUT_NAMES, opset_version=opset, verbose=False,
@@ -186,7 +187,9 @@ def export_program(module: nn.Module, example: tuple[Tensor, Tensor]) -> Any:
     """
     import torch.fx.experimental._config as fx_config  # delayed: torch.export internals
 
-    with fx_config.patch(backed_size_oblivious=True):  # type: ignore[attr-defined]  # installed by torch
+    # A stop signal waits for the trace's end: its handler's exception raised inside torch.export's
+    # tracing has crashed the process (SIGSEGV) instead of ending the export with its line.
+    with fx_config.patch(backed_size_oblivious=True), signals_deferred():  # type: ignore[attr-defined]  # installed by torch
         return torch.export.export(module, example, dynamic_shapes=dynamic_shapes())
 
 
