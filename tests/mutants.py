@@ -525,6 +525,14 @@ MUTANTS: list[Mutant] = [
         ci=False,
     ),
     Mutant(
+        "failed_ddp_worker_tears_down",
+        "cli/train_cmd.py",
+        '            if os.environ.get("WORLD_SIZE", "1") == "1":\n',
+        "            if True:\n",
+        ("test_train_faults.py::test_a_failed_worker_runs_no_interpreter_teardown_beside_the_process_groups_threads",),
+        ci=False,
+    ),
+    Mutant(
         "checkpoint_write_cause_hidden",
         "training/checkpoint.py",
         "                if recorder.error is not None:",

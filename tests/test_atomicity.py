@@ -435,7 +435,7 @@ def test_a_signal_the_onnx_exporter_turns_into_its_own_error_still_exits_130_or_
     def export_wrapping_the_interrupt(*args, **kwargs):
         try:
             os.kill(os.getpid(), sig)
-            time.sleep(5)  # the handler raises here
+            time.sleep(5)  # the handler raised here, before torch.onnx.export held signals until it returns
         except BaseException as e:  # what torch.onnx's capture strategies do with a failed step
             raise RuntimeError("Failed to export the model with torch.export. This is step 1/3") from e
         raise AssertionError("the signal did not arrive")
@@ -467,7 +467,7 @@ def test_a_signal_swallowed_inside_the_exporter_still_stops_before_the_commit(
     def export_swallowing_the_signal(*args, **kwargs):
         try:
             os.kill(os.getpid(), sig)
-            time.sleep(5)  # the handler raises here
+            time.sleep(5)  # the handler raised here, before torch.onnx.export held signals until it returns
         except BaseException:
             pass
         return real_export(*args, **kwargs)

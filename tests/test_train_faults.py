@@ -835,6 +835,10 @@ if os.environ.get("RANK") is not None:
                 pass
         (folder / ("teardown-" + os.environ["RANK"])).write_text(" ".join(sorted(names)))
     atexit.register(record)
+    if {file_size_limit}:  # the kernel refuses a write past it (EFBIG), as a full disk does (ENOSPC)
+        import resource, signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, ({file_size_limit}, {file_size_limit}))
 """
 
 
@@ -845,18 +849,37 @@ def test_a_finished_worker_runs_no_interpreter_teardown_beside_the_process_group
     (pytorch#107298). A worker's interpreter teardown beside them aborted once in CI (SIGABRT,
     "terminate called without an active exception"), and the launcher reported a finished run as
     failed. Whenever a finished worker's teardown runs, no thread of gloo may be running."""
+    done = _run_with_teardown_probe(tmp_path, file_size_limit=0)
+    assert done.returncode == 0, done.stderr
+    assert "done: step 2" in done.stdout, done.stdout
+
+
+def _run_with_teardown_probe(tmp_path: Path, file_size_limit: int) -> subprocess.CompletedProcess:
+    """A 2-process run of 2 steps whose workers record the threads alive if their teardown runs;
+    asserts that none ran beside a thread of gloo."""
     probe = tmp_path / "probe"
     probe.mkdir()
-    (probe / "sitecustomize.py").write_text(TEARDOWN_PROBE.format(folder=str(probe)))
+    (probe / "sitecustomize.py").write_text(TEARDOWN_PROBE.format(folder=str(probe), file_size_limit=file_size_limit))
     env = subprocess_env()
     env["PYTHONPATH"] = os.pathsep.join((str(probe), env["PYTHONPATH"]))
     done = subprocess.run([*LAUNCHER, "--out", str(tmp_path / "run"), *NPROC_ARGS, "--steps-g", "2"],
                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert "done: step 2" in done.stdout, done.stdout
     assert sorted(p.name for p in probe.glob("started-*")) == ["started-0", "started-1"]  # the probe ran
     for record in probe.glob("teardown-*"):
-        assert "gloo" not in record.read_text(), f"{record.name}: {record.read_text()}"
+        assert "gloo" not in record.read_text(), f"{record.name}: {record.read_text()} ({done.stderr})"
+    return done
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the workers' threads from Linux /proc")
+def test_a_failed_worker_runs_no_interpreter_teardown_beside_the_process_groups_threads(tmp_path):
+    """As a finished worker: rank 0 cannot write its checkpoint (the kernel refuses the write, as on a
+    full disk), after DDP set its process group up. Its one line, exit 1, and no teardown beside gloo."""
+    done = _run_with_teardown_probe(tmp_path, file_size_limit=20000)  # below the checkpoint's size
+    assert done.returncode == 1, done.stderr
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    assert f"Error: cannot write {last}: File too large" in done.stderr.splitlines(), done.stderr
+    assert "Traceback" not in done.stderr and not last.exists()
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ from gantool.cli import exit_stopped
 from gantool.cli.options import explicit_options
 from gantool.core.config import TrainConfig
 from gantool.core.constants import HOLE_FILLS, MASK_KINDS
-from gantool.core.errors import ProcessLostError
+from gantool.core.errors import GantoolError, ProcessLostError
 from gantool.training.launch import LAUNCHER_ENV
 
 HELP_EPILOG = """\b
@@ -223,6 +223,12 @@ def train(
                 click.ClickException(str(e)).show()
             # At once: the launcher's SIGTERM would otherwise end a slow teardown by the signal.
             exit_stopped(e.exit_code)
+        except GantoolError as e:
+            if os.environ.get("WORLD_SIZE", "1") == "1":
+                raise
+            stop.settle()
+            click.ClickException(str(e)).show()
+            exit_stopped(1)  # at once, as a finished worker (below)
         stop.settle()  # a signal while reporting (or exiting) is ignored: the checkpoint is on disk
         _report(result)
         if result.world_size > 1:
@@ -230,6 +236,7 @@ def train(
             # threads would run through the interpreter's teardown, seconds long with torch loaded, where
             # a worker once aborted ("terminate called without an active exception") and the launcher
             # reported a finished run as failed. Its files are closed and flushed: it ends at once.
+            # A worker that failed (a checkpoint it cannot write, a non-finite loss) ends so too.
             exit_stopped(result.exit_code)
 
 
