@@ -1246,11 +1246,11 @@ MUTANTS: list[Mutant] = [
         ("test_atomicity.py::test_a_signal_swallowed_inside_the_exporter_still_stops_before_the_commit",),
     ),
     Mutant(
-        "export_interrupt_wrapped_by_torch_onnx_is_a_failure",
+        "export_interrupt_wrapped_by_an_exporter_is_a_failure",
         "cli/export_cmd.py",
         "        except GantoolError:\n            if not seen:\n                raise\n            _stopped(seen[0])\n",
         "        except GantoolError:\n            raise\n",
-        ("test_atomicity.py::test_a_signal_the_onnx_exporter_turns_into_its_own_error_still_exits_130_or_143",),
+        ("test_atomicity.py::test_a_signal_an_exporter_turns_into_its_own_error_still_exits_130_or_143",),
     ),
     Mutant(
         "calib_folder_checked_after_the_export",

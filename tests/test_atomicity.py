@@ -421,29 +421,31 @@ def test_a_write_the_kernel_refuses_half_way_is_one_line_not_an_abort(tmp_path: 
 
 
 @pytest.mark.parametrize(("sig", "code", "word"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "stopped")])
-def test_a_signal_the_onnx_exporter_turns_into_its_own_error_still_exits_130_or_143(
+def test_a_signal_an_exporter_turns_into_its_own_error_still_exits_130_or_143(
     tmp_path: Path, monkeypatch, sig: int, code: int, word: str
 ) -> None:
-    """Seen here: Ctrl-C during `export --onnx` at the moment torch.onnx ran its torch.export step ended
-    "Error: ONNX export failed: Failed to export the model with torch.export..." and exit 1, because
-    torch.onnx wraps what that step raised in its own error. The signal arrives for real (os.kill);
-    only torch.onnx's wrapping is reproduced, at the third-party boundary."""
+    """Seen with torch.onnx: Ctrl-C while its torch.export step ran ended "Error: ONNX export failed:
+    Failed to export the model with torch.export..." and exit 1, because torch.onnx wraps what that step
+    raised in its own error. torch.export's trace now holds signals until it ends; an exporter that
+    does not (torch.jit.trace, for --torchscript) and wraps the interrupt the same way still ends the
+    export as the signal's. The signal arrives for real (os.kill); only the wrapping is reproduced, at
+    the third-party boundary."""
     checkpoint = save_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt", _state(3))
     out = tmp_path / "export"
     before = snapshot(tmp_path)
 
-    def export_wrapping_the_interrupt(*args, **kwargs):
+    def trace_wrapping_the_interrupt(*args, **kwargs):
         try:
             os.kill(os.getpid(), sig)
-            time.sleep(5)  # the handler raised here, before torch.onnx.export held signals until it returns
-        except BaseException as e:  # what torch.onnx's capture strategies do with a failed step
-            raise RuntimeError("Failed to export the model with torch.export. This is step 1/3") from e
+            time.sleep(5)  # the handler raises here
+        except BaseException as e:  # what torch.onnx's capture strategies did with a failed step
+            raise RuntimeError("Failed to trace the model. This is step 1/3") from e
         raise AssertionError("the signal did not arrive")
 
-    monkeypatch.setattr(torch.onnx, "export", export_wrapping_the_interrupt)
-    result = CliRunner().invoke(cli, ["export", str(checkpoint), "-o", str(out), "--onnx", "--no-verify"])
+    monkeypatch.setattr(torch.jit, "trace", trace_wrapping_the_interrupt)
+    result = CliRunner().invoke(cli, ["export", str(checkpoint), "-o", str(out), "--torchscript", "--no-verify"])
     assert result.exit_code == code, result.output
-    assert f"Error: export {word} (" in result.output and "ONNX export failed" not in result.output
+    assert f"Error: export {word} (" in result.output and "TorchScript export failed" not in result.output
     assert "Traceback" not in result.output and result.output.count("Error:") == 1
     assert snapshot(tmp_path) == before  # no output folder, no staging folder
 
