@@ -527,6 +527,71 @@ def test_a_stop_signal_during_setup_stops_before_the_first_step_and_leaves_no_fo
     assert not (tmp_path / "run").exists()
 
 
+def test_a_branch_stopped_before_its_first_step_names_no_checkpoint_it_never_wrote(tmp_path, monkeypatch):
+    """`--resume X --out NEW` stopped before its first step: NEW is removed again, so neither the line
+    nor a resume command may name NEW/checkpoints/last.pt (they did: the resume command then failed)."""
+    source = _edited(tmp_path, lambda s: None)
+    real = loop_module.validation_batch
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop_module, "validation_batch", signalled)
+    branch = tmp_path / "branch"
+    result = run_cli("train", "--resume", str(source), "--out", str(branch), "--steps-joint", "4", "--quiet")
+    assert result.exit_code == 143, result.output
+    assert "before the first step; nothing was kept" in result.output, result.output
+    assert "resume with" not in result.output and str(branch) not in result.output, result.output
+    assert not branch.exists()
+
+
+def test_a_non_finite_loss_in_a_branch_names_no_checkpoint_it_never_wrote(tmp_path):
+    """A branch from a checkpoint whose weights hold NaN fails at its first step; the line said
+    "NEW/checkpoints/last.pt is the last good checkpoint", a file that never existed."""
+    source = _edited(tmp_path, lambda s: next(iter(s["generator"].values())).fill_(float("nan")))
+    branch = tmp_path / "branch"
+    result = run_cli("train", "--resume", str(source), "--out", str(branch), "--steps-joint", "4", "--quiet")
+    line = one_line(result, "non-finite")
+    assert "at step 5" in line and "no checkpoint was written yet" in line and str(branch) not in line, line
+    assert not branch.exists()
+
+
+def test_a_branch_that_fails_after_logging_records_no_checkpoint_of_its_own(tmp_path, monkeypatch):
+    """A branch that logged a step, then failed before its first checkpoint, is kept (it logged): its
+    status.json said checkpoint_step 4, the parent's step, for a folder with no checkpoint in it."""
+    import gantool.training.steps as steps_module
+
+    source = _edited(tmp_path, lambda s: None)  # at step 4
+    real_mse, calls = steps_module.hole_mse, {"n": 0}
+
+    def poisoned(*args):
+        calls["n"] += 1
+        return real_mse(*args) * (float("nan") if calls["n"] > 1 else 1.0)
+
+    monkeypatch.setattr(steps_module, "hole_mse", poisoned)
+    branch = tmp_path / "branch"
+    with pytest.raises(GantoolError, match="at step 6 .*no checkpoint was written yet"):
+        train({"out": str(branch), "steps_joint": 6, "checkpoint_every": 10}, resume=source, progress=False)
+    status = json.loads((branch / "status.json").read_text())
+    assert (status["state"], status["step"], status["checkpoint_step"]) == ("failed", 5, None), status
+    assert not any((branch / "checkpoints").iterdir())
+
+
+def test_a_run_resumed_from_a_kept_step_checkpoint_names_that_one_as_the_last_good(tmp_path):
+    """`--resume RUN` with last.pt gone continues from RUN's highest step_N.pt: a failure before the
+    next checkpoint names that file (it named the missing last.pt)."""
+    run = train(tiny_train_config(out=str(tmp_path / "run"), steps_g=2, steps_d=0, steps_joint=2, checkpoint_every=2,
+                                  keep_checkpoints=True), progress=False)
+    checkpoints = run.last_checkpoint.parent
+    state = torch.load(checkpoints / "step_4.pt", weights_only=True)
+    next(iter(state["generator"].values())).fill_(float("nan"))  # a run that went bad at its last save
+    torch.save(state, checkpoints / "step_4.pt")
+    (checkpoints / "last.pt").unlink()
+    line = one_line(run_cli("train", "--resume", str(tmp_path / "run"), "--steps-joint", "4", "--quiet"), "non-finite")
+    assert f"{checkpoints / 'step_4.pt'} is the last good checkpoint" in line, line
+
+
 @pytest.mark.slow
 def test_ctrl_c_in_the_first_second_exits_130_and_leaves_no_folder(tmp_path):
     out = tmp_path / "run"

@@ -245,6 +245,7 @@ def _run(
         _train(
             cfg.replace(out=str(run_dir)),
             state,
+            run_dir / CHECKPOINTS_DIR / plan.resumed if plan.resumed else None,
             run_dir,
             source,
             data,
@@ -312,6 +313,7 @@ def _claim_on_rank0(plan: RunPlan, dist: DistributedContext) -> tuple[Path, Any]
 def _train(
     cfg: TrainConfig,
     state: dict[str, Any] | None,
+    resumed: Path | None,
     run_dir: Path,
     source: Any,
     data: dict[str, Any],
@@ -391,11 +393,14 @@ def _train(
     autocast = autocast_for(device, amp)
     memory_format = torch.channels_last if use_channels_last(cfg, device) else torch.contiguous_format
     result.step, result.phase = step, phase_at(step, cfg)
-    last_good = run_dir / CHECKPOINTS_DIR / LAST_CHECKPOINT if state is not None or step else None
+    # The run's own newest checkpoint: the one resumed in place, none yet in a new folder (a branch
+    # from another run's checkpoint, which is not this run's to name).
+    last_good = resumed
     result.last_checkpoint, result.checkpoint_step = last_good, (step if last_good else None)
     tags = {"gantool.data_fingerprint": json.dumps(data), "gantool.world_size": str(dist.world_size)}
     tracker = RunTracker(cfg, run_dir, step, result.phase, enabled=dist.is_main, mlflow=store, tags=tags)  # rank 0
     tracker.data_status = source.status
+    tracker.checkpoint_step = result.checkpoint_step  # status.json's: none yet in a branch's new folder
     saved_step: int | None = None
     start_step = step
 

@@ -93,11 +93,14 @@ def resume_checkpoint(path: str | Path) -> Path:
 @dataclass
 class RunPlan:
     """Where a run writes: ``folder`` (None: a new ``runs/<timestamp>``), whether the
-    folder is made now (``new``), and the checkpoint a new folder continues from."""
+    folder is made now (``new``), the checkpoint a new folder continues from
+    (``parent``), and the file in ``folder``/checkpoints a run continued in place
+    starts from (``resumed``: last.pt, or a step_N.pt when last.pt is gone)."""
 
     folder: Path | None
     new: bool
     parent: dict[str, Any] | None = None
+    resumed: str | None = None
 
 
 def plan_run_folder(out: str | None, resume: str | Path | None, state: dict[str, Any] | None) -> RunPlan:
@@ -135,7 +138,7 @@ def _continue_in(run: Path, resume: Path, state: dict[str, Any] | None) -> RunPl
             f"--resume {resume} is at step {step}, but its run {run} has newer state "
             f"(step {newest}); to branch from step {step}, add --out NEW_FOLDER"
         )
-    return RunPlan(run, False)
+    return RunPlan(run, False, resumed=resume.resolve().name)
 
 
 def newest_run_step(run: Path, resume: Path, step: int) -> int | None:
