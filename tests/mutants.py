@@ -533,6 +533,17 @@ MUTANTS: list[Mutant] = [
         ci=False,
     ),
     Mutant(
+        "branch_names_a_checkpoint_it_never_wrote",
+        "training/loop.py",
+        "    last_good = resumed\n",
+        "    last_good = run_dir / CHECKPOINTS_DIR / LAST_CHECKPOINT if state is not None else None\n",
+        ("test_train_faults.py::test_a_branch_stopped_before_its_first_step_names_no_checkpoint_it_never_wrote",
+         "test_train_faults.py::test_a_non_finite_loss_in_a_branch_names_no_checkpoint_it_never_wrote",
+         "test_train_faults.py::test_a_run_resumed_from_a_kept_step_checkpoint_names_that_one_as_the_last_good",
+         "test_train_faults.py::test_a_branch_that_fails_after_logging_records_no_checkpoint_of_its_own"),
+        ci=True,
+    ),
+    Mutant(
         "checkpoint_write_cause_hidden",
         "training/checkpoint.py",
         "                if recorder.error is not None:",
