@@ -544,6 +544,14 @@ MUTANTS: list[Mutant] = [
         ci=True,
     ),
     Mutant(
+        "ddp_workers_own_error_recorded_as_process_lost",
+        "training/launch.py",
+        "            _record_failure(folder, line, worker_report(failure)[1])\n",
+        "            _record_failure(folder, line)\n",
+        ("test_train_faults.py::test_a_non_finite_loss_under_two_processes_is_one_line_and_recorded_as_non_finite",),
+        ci=False,
+    ),
+    Mutant(
         "checkpoint_write_cause_hidden",
         "training/checkpoint.py",
         "                if recorder.error is not None:",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -942,9 +943,51 @@ def test_a_failed_worker_runs_no_interpreter_teardown_beside_the_process_groups_
     full disk), after DDP set its process group up. Its one line, exit 1, and no teardown beside gloo."""
     done = _run_with_teardown_probe(tmp_path, file_size_limit=20000)  # below the checkpoint's size
     assert done.returncode == 1, done.stderr
-    last = tmp_path / "run" / "checkpoints" / "last.pt"
-    assert f"Error: cannot write {last}: File too large" in done.stderr.splitlines(), done.stderr
-    assert "Traceback" not in done.stderr and not last.exists()
+    run = tmp_path / "run"
+    last = run / "checkpoints" / "last.pt"
+    cause = f"cannot write {last}: File too large"
+    _assert_the_workers_line_once(done.stderr, run, 0, cause, "error")
+    assert not last.exists()
+
+
+def _assert_the_workers_line_once(stderr: str, run: Path, rank: int, cause: str, reason: str) -> None:
+    """The failed worker's own line, once, in the launcher's (the worker said nothing itself; the
+    launcher said "ended with exit code 1"), and in status.json with the worker's reason (it said
+    "process lost", the launcher's, for a full disk or a non-finite loss)."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    assert re.fullmatch(rf"Error: process {rank} of 2 failed \(pid \d+\): {re.escape(cause)}\.? The others "
+                        r"were stopped\. (No checkpoint was written\.|Last complete checkpoint: .*)", lines[0]), lines[0]
+    status = json.loads((run / "status.json").read_text())
+    assert (status["state"], status["reason"], status["message"]) == ("failed", reason, lines[0][7:]), status
+
+
+@pytest.mark.slow
+def test_a_non_finite_loss_under_two_processes_is_one_line_and_recorded_as_non_finite(tmp_path):
+    """Every rank meets the same non-finite loss (one all-reduce): one line, the worker's, not one per
+    rank and the launcher's "exit code 1"; `gantool runs` shows "failed (non-finite)"."""
+    run = train(tiny_train_config(out=str(tmp_path / "run"), steps_g=2, steps_d=0, steps_joint=2, checkpoint_every=2,
+                                  sample_every=100), progress=False)
+    state = torch.load(run.last_checkpoint, weights_only=True)
+    next(iter(state["generator"].values())).fill_(float("nan"))  # a run that went bad at its last save
+    torch.save(state, run.last_checkpoint)
+    done = subprocess.run([*LAUNCHER, "--resume", str(tmp_path / "run"), "--steps-joint", "4", "--quiet",
+                           "--device", "cpu"], env=subprocess_env(), cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 1, done.stderr
+    cause = (f"non-finite loss_d, d_fake, loss_rec, loss_adv at step 5 (joint phase); stopped: {run.last_checkpoint} "
+             "is the last good checkpoint. Try a lower --lr.")
+    _assert_the_workers_line_once(done.stderr, tmp_path / "run", 0, cause, "non-finite")
+    shown = run_cli("runs", str(tmp_path / "run"))
+    assert "failed (non-finite)" in shown.output, shown.output
+    # Plain torchrun: each worker prints its line, and torch's failure summary shows it (the error file).
+    torchrun = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                               "-m", "gantool", "train", "--resume", str(tmp_path / "run"), "--steps-joint", "4",
+                               "--quiet", "--device", "cpu"], env=subprocess_env(), cwd=tmp_path, capture_output=True,
+                              text=True, timeout=300)
+    assert torchrun.returncode == 1
+    assert torchrun.stderr.splitlines().count(f"Error: {cause}") == 2, torchrun.stderr
+    assert f"traceback : {cause}" in torchrun.stderr, torchrun.stderr
 
 
 @pytest.mark.slow

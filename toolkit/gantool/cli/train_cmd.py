@@ -19,7 +19,7 @@ from gantool.cli.options import explicit_options
 from gantool.core.config import TrainConfig
 from gantool.core.constants import HOLE_FILLS, MASK_KINDS
 from gantool.core.errors import GantoolError, ProcessLostError
-from gantool.training.launch import LAUNCHER_ENV
+from gantool.training.launch import LAUNCHER_ENV, report_worker_failure
 
 HELP_EPILOG = """\b
 Examples:
@@ -227,7 +227,10 @@ def train(
             if os.environ.get("WORLD_SIZE", "1") == "1":
                 raise
             stop.settle()
-            click.ClickException(str(e)).show()
+            from gantool.training.tracking import failure_reason  # torch is loaded by now
+
+            if not report_worker_failure(str(e), failure_reason(e)):  # else the launcher prints it, once
+                click.ClickException(str(e)).show()
             exit_stopped(1)  # at once, as a finished worker (below)
         stop.settle()  # a signal while reporting (or exiting) is ignored: the checkpoint is on disk
         _report(result)

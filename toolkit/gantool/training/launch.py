@@ -29,19 +29,25 @@ What this adds around it:
   stopped, or it is the only other one) and resumes every stopped worker
   (SIGCONT) once one has ended, so the agent's SIGTERM reaches it and nothing
   is left behind (a process stuck otherwise gets the agent's SIGKILL at 30 s);
+- a worker that fails with its own one line (a non-finite loss, a checkpoint it
+  cannot write) hands it to the launcher in the error file torch's agent gives it
+  (:func:`report_worker_failure`), and says nothing itself: the launcher prints
+  it once, naming the process, instead of "ended with exit code 1";
 - after any worker failure the run's status.json says ``failed`` with that one
-  line (:func:`~gantool.training.tracking.mark_failed`): rank 0, which keeps it,
-  may have been the process killed.
+  line (:func:`~gantool.training.tracking.mark_failed`) and the worker's own
+  reason, when it gave one: rank 0, which keeps it, may have been the process killed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +63,8 @@ log = logging.getLogger(__name__)
 MAX_PROCESSES = 256
 # Set in the workers' environment: the launcher reports a dead process, so a survivor says nothing.
 LAUNCHER_ENV = "GANTOOL_NPROC_LAUNCHER"
+# Set by torch's agent in each worker: the file its ProcessFailure reads back after the worker ended.
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 # The signals torch's agent stops the workers on, by default (LaunchConfig.signals_to_handle).
 AGENT_DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 # How often the agent checks its workers (s): a dead one is noticed within this.
@@ -270,7 +278,7 @@ def launch(
         line = failure_line(rank, failure, e.failures, nproc, watch, collective_timeout)
         line += " " + last_checkpoint_line(folder, nproc)
         if folder is not None:
-            _record_failure(folder, line)
+            _record_failure(folder, line, worker_report(failure)[1])
         raise TrainingError(line) from None
     finally:
         os.environ.pop(LAUNCHER_ENV, None)
@@ -290,6 +298,10 @@ def failure_line(
     rank: int, failure: Any, failures: Mapping[int, Any], nproc: int, watch: _WorkerWatch, timeout: float
 ) -> str:
     """What happened, for the first failure (``rank``, its ``ProcessFailure``): the start of the one line."""
+    own, _ = worker_report(failure)
+    if own is not None:
+        end = "" if own.endswith(".") else "."
+        return f"process {rank} of {nproc} failed (pid {failure.pid}): {own}{end} The others were stopped."
     if failure.exitcode != ProcessLostError.exit_code:
         how = f"signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
         return f"process {rank} of {nproc} ended with {how} (pid {failure.pid}); the others were stopped."
@@ -312,12 +324,39 @@ def failure_line(
     )
 
 
-def _record_failure(folder: Path, line: str) -> None:
-    """status.json says failed, with ``line``: a killed rank 0 left it saying running."""
-    from gantool.training.tracking import mark_failed
+def report_worker_failure(message: str, reason: str) -> bool:
+    """In a worker: hand its one-line failure (and status.json's short ``reason``) to the
+    launcher through the error file torch's agent named (ProcessFailure reads its
+    ``message`` and ``timestamp``). Returns whether gantool's launcher will print it,
+    so the worker need not (under plain torchrun it still should)."""
+    path = os.environ.get(ERROR_FILE_ENV)
+    if not path:
+        return False
+    record = {"message": message, "timestamp": int(time.time()), "reason": reason}
+    try:
+        Path(path).write_text(json.dumps(record), encoding="utf-8")
+    except OSError:  # a full disk: the worker prints its line itself
+        return False
+    return bool(os.environ.get(LAUNCHER_ENV))
+
+
+def worker_report(failure: Any) -> tuple[str | None, str | None]:
+    """The (one line, reason) a failed worker handed over with :func:`report_worker_failure`,
+    or (None, None): it died, was stopped, or lost another process."""
+    data = getattr(failure, "error_file_data", None)
+    if not isinstance(data, dict) or not isinstance(data.get("reason"), str):
+        return None, None
+    message = data.get("message")
+    return (message, data["reason"]) if isinstance(message, str) and message else (None, None)
+
+
+def _record_failure(folder: Path, line: str, reason: str | None = None) -> None:
+    """status.json says failed, with ``line``, and the worker's own ``reason`` when it gave one
+    (else "process lost"): a killed rank 0 left it saying running."""
+    from gantool.training.tracking import PROCESS_LOST, mark_failed
 
     try:
-        mark_failed(folder, line)
+        mark_failed(folder, line, reason or PROCESS_LOST)
     except (InputError, OSError) as e:  # a full disk: the line itself still reaches the user
         log.warning("could not record the failure in %s: %s", folder / STATUS_FILE, first_line(e))
 

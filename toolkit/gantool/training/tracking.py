@@ -118,6 +118,14 @@ def write_status(
             raise
 
 
+def failure_reason(exc: BaseException) -> str:
+    """status.json's short reason for a run that ``exc`` ended: a non-finite loss, another
+    process of the run lost, or any other error."""
+    if isinstance(exc, ProcessLostError):
+        return PROCESS_LOST
+    return NON_FINITE if isinstance(exc, TrainingError) else ERROR
+
+
 def mark_failed(run_dir: Path, message: str, reason: str = PROCESS_LOST) -> bool:
     """Record in the run's status.json that it failed, keeping its step, phase and checkpoint.
 
@@ -255,9 +263,7 @@ class RunTracker:
                     message = "a second signal stopped it at once, without writing a checkpoint"
                     self._status(STOPPED, BY_SIGNAL, message)
                 else:
-                    non_finite = isinstance(exc, TrainingError) and not isinstance(exc, ProcessLostError)
-                    reason = NON_FINITE if non_finite else ERROR
-                    self._status(FAILED, reason, first_line(exc))
+                    self._status(FAILED, failure_reason(exc), first_line(exc))
         except (InputError, OSError) as e:
             if exc is None:
                 raise
