@@ -503,6 +503,11 @@ def test_the_dead_rank_line_names_the_last_checkpoint_and_finds_a_default_run_fo
     assert last_checkpoint_line(run, 4) == (
         f"Last complete checkpoint: {last} (step 12); resume with: gantool train --resume {last} --nproc-per-node 4"
     )
+    # A run resumed from its step_N.pt after last.pt was deleted: that file (the line said none was written).
+    kept = last.rename(last.with_name("step_12.pt"))
+    assert last_checkpoint_line(run, 4) == (
+        f"Last complete checkpoint: {kept} (step 12); resume with: gantool train --resume {kept} --nproc-per-node 4"
+    )
 
 
 # ------------------------------------------------------------------ a silent process

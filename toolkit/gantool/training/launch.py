@@ -54,7 +54,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from gantool.core.constants import CHECKPOINTS_DIR, DEFAULT_COLLECTIVE_TIMEOUT_S, LAST_CHECKPOINT, STATUS_FILE
+from gantool.core.constants import CHECKPOINTS_DIR, DEFAULT_COLLECTIVE_TIMEOUT_S, STATUS_FILE
 from gantool.core.errors import InputError, ProcessLostError, TrainingError, first_line
 from gantool.core.signals import IGNORED_AT_START, handlers_installed
 
@@ -381,9 +381,14 @@ def first_failure(failures: Mapping[int, Any], stopped: Collection[int] = ()) ->
 
 
 def last_checkpoint_line(run_dir: Path | None, nproc: int) -> str:
-    """ "last complete checkpoint: PATH (step N); resume with: ...", or that there is none."""
-    path = run_dir / CHECKPOINTS_DIR / LAST_CHECKPOINT if run_dir is not None else None
-    if path is None or not path.is_file():
+    """ "last complete checkpoint: PATH (step N); resume with: ...", or that there is none.
+
+    The run's newest: last.pt, else its highest step_N.pt (a run resumed from one after
+    last.pt was deleted has no last.pt until its next checkpoint)."""
+    from gantool.training.runs import newest_checkpoint
+
+    path, _ = newest_checkpoint(run_dir / CHECKPOINTS_DIR) if run_dir is not None else (None, None)
+    if path is None:
         return "No checkpoint was written."
     import torch
 
