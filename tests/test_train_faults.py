@@ -528,6 +528,27 @@ def test_a_stop_signal_during_setup_stops_before_the_first_step_and_leaves_no_fo
     assert not (tmp_path / "run").exists()
 
 
+def _blown_up(state: dict) -> None:
+    """Weights of a run that diverged at its last save: finite (a resume takes them), but the first
+    convolution's sums overflow float32, so the next step's losses are non-finite for real."""
+    state["generator"]["body.0.0.weight"].fill_(3e38)
+
+
+@pytest.mark.parametrize("network", ["generator", "discriminator"])
+def test_nan_weights_are_refused_by_resume_and_init_from_before_any_folder(tmp_path, network):
+    """A checkpoint holding NaN (bit rot, a hand edit, another tool) trained to "non-finite loss at
+    step N ... Try a lower --lr": the cause was the file, not the rate. Refused in one line instead,
+    naming the tensor, as export and inpaint refuse it."""
+    source = _edited(tmp_path, lambda s: next(iter(s[network].values())).view(-1)[0].fill_(float("nan")))
+    resumed = one_line(run_cli("train", "--resume", str(source), "--out", str(tmp_path / "a"), "--quiet"),
+                       f"cannot be resumed: its {network} has non-finite weights")
+    started = one_line(run_cli("train", "--init-from", str(source), "--out", str(tmp_path / "b"), "--quiet"),
+                       f"--init-from {source}: its {network} has non-finite weights")
+    for line in (resumed, started):
+        assert "1 of " in line and "use an earlier checkpoint" in line, line
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
 def test_a_branch_stopped_before_its_first_step_names_no_checkpoint_it_never_wrote(tmp_path, monkeypatch):
     """`--resume X --out NEW` stopped before its first step: NEW is removed again, so neither the line
     nor a resume command may name NEW/checkpoints/last.pt (they did: the resume command then failed)."""
@@ -550,7 +571,7 @@ def test_a_branch_stopped_before_its_first_step_names_no_checkpoint_it_never_wro
 def test_a_non_finite_loss_in_a_branch_names_no_checkpoint_it_never_wrote(tmp_path):
     """A branch from a checkpoint whose weights hold NaN fails at its first step; the line said
     "NEW/checkpoints/last.pt is the last good checkpoint", a file that never existed."""
-    source = _edited(tmp_path, lambda s: next(iter(s["generator"].values())).fill_(float("nan")))
+    source = _edited(tmp_path, _blown_up)
     branch = tmp_path / "branch"
     result = run_cli("train", "--resume", str(source), "--out", str(branch), "--steps-joint", "4", "--quiet")
     line = one_line(result, "non-finite")
@@ -586,7 +607,7 @@ def test_a_run_resumed_from_a_kept_step_checkpoint_names_that_one_as_the_last_go
                                   keep_checkpoints=True), progress=False)
     checkpoints = run.last_checkpoint.parent
     state = torch.load(checkpoints / "step_4.pt", weights_only=True)
-    next(iter(state["generator"].values())).fill_(float("nan"))  # a run that went bad at its last save
+    _blown_up(state)
     torch.save(state, checkpoints / "step_4.pt")
     (checkpoints / "last.pt").unlink()
     line = one_line(run_cli("train", "--resume", str(tmp_path / "run"), "--steps-joint", "4", "--quiet"), "non-finite")
@@ -969,7 +990,7 @@ def test_a_non_finite_loss_under_two_processes_is_one_line_and_recorded_as_non_f
     run = train(tiny_train_config(out=str(tmp_path / "run"), steps_g=2, steps_d=0, steps_joint=2, checkpoint_every=2,
                                   sample_every=100), progress=False)
     state = torch.load(run.last_checkpoint, weights_only=True)
-    next(iter(state["generator"].values())).fill_(float("nan"))  # a run that went bad at its last save
+    _blown_up(state)
     torch.save(state, run.last_checkpoint)
     done = subprocess.run([*LAUNCHER, "--resume", str(tmp_path / "run"), "--steps-joint", "4", "--quiet",
                            "--device", "cpu"], env=subprocess_env(), cwd=tmp_path, capture_output=True, text=True,

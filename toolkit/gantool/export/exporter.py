@@ -81,6 +81,7 @@ from gantool.core.fileio import (
     finish_interrupted_commit,
     staged_folder,
 )
+from gantool.core.finite import non_finite_weights
 from gantool.core.processing import processing_contract
 from gantool.export.formats import (
     HalfPrecisionGenerator,
@@ -108,7 +109,7 @@ from gantool.export.verify import MIN_BF16_PSNR as MIN_BF16_PSNR  # re-exported 
 from gantool.export.verify import MIN_FP16_PSNR as MIN_FP16_PSNR
 from gantool.export.verify import verify_exports
 from gantool.nn.networks import fold_batchnorm
-from gantool.runtime.weights import file_non_finite_weights, non_finite_weights
+from gantool.runtime.weights import file_non_finite_weights
 from gantool.training.checkpoint import (
     generator_from_checkpoint,
     load_checkpoint,

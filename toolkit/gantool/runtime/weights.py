@@ -22,36 +22,7 @@ import numpy as np
 
 from gantool.core.artifacts import KIND_ONNX, KIND_SAFETENSORS, META_FILE_WEIGHTS_SHA256
 from gantool.core.errors import ModelError, NonFiniteError, first_line
-
-
-def _non_finite_count(tensor: Any) -> tuple[int, int] | None:
-    """(non-finite values, size) of a floating torch tensor or numpy array; None when it is
-    not floating point. Vectorised, and without a copy for torch tensors (any device, bf16 too)."""
-    if hasattr(tensor, "is_floating_point"):  # a torch tensor
-        if not tensor.is_floating_point():
-            return None
-        import torch  # delayed: torch is loaded already if a tensor exists
-
-        finite_t = torch.isfinite(tensor.detach())
-        size = finite_t.numel()
-        return (0 if bool(finite_t.all()) else size - int(finite_t.sum())), size
-    array = np.asarray(tensor)
-    if not np.issubdtype(array.dtype, np.floating):
-        return None
-    finite = np.isfinite(array)
-    return (0 if finite.all() else int(finite.size - finite.sum())), int(finite.size)
-
-
-def non_finite_weights(state_dict: Mapping[str, Any]) -> str:
-    """'' when every floating tensor (torch or numpy) is finite, else which hold NaN/Inf (one line)."""
-    bad = []
-    for name, tensor in state_dict.items():
-        counted = _non_finite_count(tensor)
-        if counted and counted[0]:
-            bad.append(f"{name}: {counted[0]} of {counted[1]}")
-    if not bad:
-        return ""
-    return "; ".join(bad[:3]) + (f"; and {len(bad) - 3} more tensors" if len(bad) > 3 else "")
+from gantool.core.finite import non_finite_count, non_finite_weights
 
 
 def onnx_initializers(path: Path) -> dict[str, np.ndarray]:
@@ -144,7 +115,7 @@ def refuse_non_finite(path: Path, tensors: Mapping[str, Any]) -> None:
 def refuse_non_finite_output(output: np.ndarray, source: str) -> None:
     """Raise a one-line ModelError when a model's ``output`` holds NaN or Inf (``source``: which
     model on which backend), so holes are never written filled with garbage."""
-    counted = _non_finite_count(output)
+    counted = non_finite_count(output)
     if counted and counted[0]:
         raise NonFiniteError(
             f"the model produced NaN/Inf: {counted[0]} of {counted[1]} output values are not finite ({source})"

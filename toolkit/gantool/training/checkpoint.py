@@ -31,6 +31,7 @@ from gantool.core.config import ModelConfig
 from gantool.core.constants import CHECKPOINTS_DIR, IMPORT_CHECKPOINT, LAST_CHECKPOINT
 from gantool.core.errors import CheckpointError, InputError, first_line
 from gantool.core.fileio import atomic_save, atomic_write_bytes
+from gantool.core.finite import non_finite_weights
 from gantool.nn.networks import CompletionNetwork
 
 CHECKPOINT_FORMAT = "gantool-checkpoint"
@@ -275,11 +276,24 @@ def check_training_state(state: dict[str, Any], path: str | Path) -> None:
     for key in ("train_config", "model_config", "generator", "discriminator", "opt_g", "opt_d", "rng"):
         if not isinstance(state[key], dict):
             raise CheckpointError(f"{path} cannot be resumed: {key} is a {type(state[key]).__name__}, not a mapping")
+    refuse_non_finite_networks(state, f"{path} cannot be resumed")
     rng = state["rng"]
     if not {"torch", "python", "numpy"} <= set(rng):
         raise CheckpointError(
             f"{path} cannot be resumed: its rng state lacks {', '.join(sorted({'torch', 'python', 'numpy'} - set(rng)))}"
         )
+
+
+def refuse_non_finite_networks(state: dict[str, Any], what: str) -> None:
+    """A one-line CheckpointError (``what``: its start) when the generator's or discriminator's
+    weights in ``state`` hold NaN or Inf: training from them gives a non-finite loss at once."""
+    for key in ("generator", "discriminator"):
+        bad = non_finite_weights(state.get(key) or {})
+        if bad:
+            raise CheckpointError(
+                f"{what}: its {key} has non-finite weights ({bad}); training from it would give NaN at once "
+                "(use an earlier checkpoint)"
+            )
 
 
 def load_training_state(

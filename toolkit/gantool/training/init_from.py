@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from gantool.core.config import ModelConfig, TrainConfig
 from gantool.core.errors import CheckpointError, InputError, first_line
-from gantool.training.checkpoint import load_weights_state, weights_file
+from gantool.training.checkpoint import load_weights_state, refuse_non_finite_networks, weights_file
 
 # TrainConfig fields that are the model's: taken from the init checkpoint unless chosen (then they must agree).
 ADOPTED_KEYS = ("size", "local_size", "width", "disc_width", "disc_fc", "fill", "hole_fill")
@@ -50,6 +50,7 @@ def load_init(path: str | Path) -> InitWeights:
     """Read the weights ``--init-from`` names (one-line errors)."""
     file = weights_file(path, "--init-from")
     state = load_weights_state(file)
+    refuse_non_finite_networks(state, f"--init-from {file}")
     discriminator = state.get("discriminator")
     return InitWeights(file, ModelConfig.from_dict(state["model_config"]), state["generator"], discriminator)
 
