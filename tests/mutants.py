@@ -552,6 +552,14 @@ MUTANTS: list[Mutant] = [
         ci=False,
     ),
     Mutant(
+        "resume_takes_nan_weights",
+        "training/checkpoint.py",
+        '    refuse_non_finite_networks(state, f"{path} cannot be resumed")\n',
+        "",
+        ("test_train_faults.py::test_nan_weights_are_refused_by_resume_and_init_from_before_any_folder",),
+        ci=True,
+    ),
+    Mutant(
         "checkpoint_write_cause_hidden",
         "training/checkpoint.py",
         "                if recorder.error is not None:",
