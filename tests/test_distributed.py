@@ -510,6 +510,34 @@ def test_the_dead_rank_line_names_the_last_checkpoint_and_finds_a_default_run_fo
     )
 
 
+def test_a_workers_report_is_what_torchs_agent_reads_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's one line reaches the launcher through torch's own reader of the error file (its
+    ProcessFailure); a file that cannot be written leaves nothing half-written (torch's reader raises on
+    one) and the worker prints its line itself."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from gantool.training.launch import ERROR_FILE_ENV, LAUNCHER_ENV, report_worker_failure, worker_report
+
+    path = tmp_path / "error.json"
+    monkeypatch.setenv(ERROR_FILE_ENV, str(path))
+    monkeypatch.delenv(LAUNCHER_ENV, raising=False)
+    assert report_worker_failure("cannot write x: No space left on device", "error") is False  # plain torchrun
+    monkeypatch.setenv(LAUNCHER_ENV, "1")
+    assert report_worker_failure("non-finite loss_rec at step 3", "non-finite") is True
+    failure = ProcessFailure(local_rank=1, pid=4242, exitcode=1, error_file=str(path))
+    assert failure.message == "non-finite loss_rec at step 3" and abs(failure.timestamp - time.time()) < 60
+    assert worker_report(failure) == ("non-finite loss_rec at step 3", "non-finite")
+    # torch's own record (a traceback; no reason of gantool's) and no file at all: not a worker's report.
+    path.write_text(json.dumps({"message": {"message": "X", "extraInfo": {"timestamp": "1"}}}))
+    assert worker_report(ProcessFailure(local_rank=1, pid=1, exitcode=1, error_file=str(path))) == (None, None)
+    assert worker_report(ProcessFailure(local_rank=1, pid=1, exitcode=1, error_file=str(tmp_path / "none"))) == (
+        None, None)
+    (tmp_path / "a file").write_text("")
+    monkeypatch.setenv(ERROR_FILE_ENV, str(tmp_path / "a file" / "error.json"))  # cannot be written
+    assert report_worker_failure("line", "error") is False
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a file", "error.json"]  # no temp file left
+
+
 # ------------------------------------------------------------------ a silent process
 
 SILENT_PEER = """

@@ -55,7 +55,8 @@ from types import TracebackType
 from typing import Any
 
 from gantool.core.constants import CHECKPOINTS_DIR, DEFAULT_COLLECTIVE_TIMEOUT_S, STATUS_FILE
-from gantool.core.errors import InputError, ProcessLostError, TrainingError, first_line
+from gantool.core.errors import GantoolError, InputError, ProcessLostError, TrainingError, first_line
+from gantool.core.fileio import atomic_write_text
 from gantool.core.signals import IGNORED_AT_START, handlers_installed
 
 log = logging.getLogger(__name__)
@@ -333,9 +334,9 @@ def report_worker_failure(message: str, reason: str) -> bool:
     if not path:
         return False
     record = {"message": message, "timestamp": int(time.time()), "reason": reason}
-    try:
-        Path(path).write_text(json.dumps(record), encoding="utf-8")
-    except OSError:  # a full disk: the worker prints its line itself
+    try:  # whole or not at all: torch's agent raises on a half-written file
+        atomic_write_text(path, json.dumps(record))
+    except (GantoolError, OSError):  # a full disk: the worker prints its line itself
         return False
     return bool(os.environ.get(LAUNCHER_ENV))
 
