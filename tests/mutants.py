@@ -1208,7 +1208,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "killed_rank0_leaves_status_running",
         "training/launch.py",
-        "            _record_failure(folder, line)",
+        "            _record_failure(folder, line, worker_report(failure)[1])",
         "            pass",
         (
             "test_train_faults.py::test_nproc_launch_a_killed_rank_is_one_line_with_the_last_checkpoint_which_resumes_exactly[0]",
