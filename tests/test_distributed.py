@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -503,6 +504,10 @@ def test_the_dead_rank_line_names_the_last_checkpoint_and_finds_a_default_run_fo
     assert last_checkpoint_line(run, 4) == (
         f"Last complete checkpoint: {last} (step 12); resume with: gantool train --resume {last} --nproc-per-node 4"
     )
+    # A path with a space: the resume command pastes as one argument.
+    spaced = save_checkpoint(tmp_path / "my run" / "checkpoints" / "last.pt", {"step": 2, "generator": {}})
+    command = last_checkpoint_line(tmp_path / "my run", 2).split("resume with: ")[1]
+    assert shlex.split(command) == ["gantool", "train", "--resume", str(spaced), "--nproc-per-node", "2"]
     # A run resumed from its step_N.pt after last.pt was deleted: that file (the line said none was written).
     kept = last.rename(last.with_name("step_12.pt"))
     assert last_checkpoint_line(run, 4) == (

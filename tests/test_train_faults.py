@@ -528,6 +528,28 @@ def test_a_stop_signal_during_setup_stops_before_the_first_step_and_leaves_no_fo
     assert not (tmp_path / "run").exists()
 
 
+def test_the_resume_command_printed_after_a_stop_pastes_with_a_space_in_the_path(tmp_path, monkeypatch):
+    """`resume with: gantool train --resume PATH` is a command to paste: a run folder with a space in
+    its name gave two arguments (the path was printed unquoted)."""
+    import shlex
+
+    real, sent = loop_module.validate, []
+
+    def signalled(*args, **kwargs):
+        if not sent:  # once, during step 1's validation: the step ends, then a checkpoint
+            sent.append(os.kill(os.getpid(), signal.SIGTERM))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop_module, "validate", signalled)
+    out = tmp_path / "my run"
+    result = run_cli("train", "--out", str(out), *TINY_ARGS, "--sample-every", "1")
+    assert result.exit_code == 143, result.output
+    command = [line for line in result.output.splitlines() if line.startswith("resume with: ")]
+    assert len(command) == 1, result.output
+    assert shlex.split(command[0].removeprefix("resume with: ")) == [
+        "gantool", "train", "--resume", str(out.resolve() / "checkpoints" / "last.pt")]
+
+
 def _blown_up(state: dict) -> None:
     """Weights of a run that diverged at its last save: finite (a resume takes them), but the first
     convolution's sums overflow float32, so the next step's losses are non-finite for real."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
 from typing import Any
 
@@ -93,7 +94,7 @@ def pack(source: str, out: str, shard_size: int, shard_samples: int, prefix: str
     )
     if skipped["count"]:
         click.echo(f"left out {skipped['count']} file(s) that are not images (first: {skipped['first'][0]})", err=True)
-    click.echo(f"train on them with: gantool train --data {out}")
+    click.echo(f"train on them with: gantool train --data {shlex.quote(str(out))}")
 
 
 @data.command("check", cls=OneLineErrors, epilog=DATA_HELP_EPILOG)

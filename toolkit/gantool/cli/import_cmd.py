@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import click
@@ -55,4 +56,4 @@ def import_(
         click.echo(f"  {path}")
     for note in result.notes:
         click.echo(f"  {note}")
-    click.echo(f"next: gantool export {result.files['checkpoint']} --onnx --int8 --pt2")
+    click.echo(f"next: gantool export {shlex.quote(str(result.files['checkpoint']))} --onnx --int8 --pt2")

@@ -7,6 +7,7 @@ by ``--help``); values are checked by the library before anything is written.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Callable
@@ -307,7 +308,7 @@ def _report(result: Any) -> None:
         else:
             _say(f"interrupted at step {result.step} by {name}; checkpoint: {where}", err=True)
         if where is not None:
-            _say(f"resume with: gantool train --resume {where}", err=True)
+            _say(f"resume with: gantool train --resume {shlex.quote(str(where))}", err=True)  # to paste
         exit_stopped(result.exit_code)
     _say(f"done: step {result.step} ({result.phase} phase); run folder {result.run_dir}; checkpoint {where}")
 

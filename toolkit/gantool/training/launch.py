@@ -44,6 +44,7 @@ import contextlib
 import json
 import logging
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -399,7 +400,7 @@ def last_checkpoint_line(run_dir: Path | None, nproc: int) -> str:
         at = ""
     else:
         at = f" (step {step})"
-    return f"Last complete checkpoint: {path}{at}; resume with: gantool train --resume {path} --nproc-per-node {nproc}"
+    return f"Last complete checkpoint: {path}{at}; resume with: gantool train --resume {shlex.quote(str(path))} --nproc-per-node {nproc}"
 
 
 def _run_of_pids(pids: set[int]) -> Path | None:
