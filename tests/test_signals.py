@@ -9,11 +9,13 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import pytest
 
-from gantool.core.signals import STOP_SIGNALS, handlers_installed, signals_deferred
+from gantool.core.signals import STOP_SIGNALS, handlers_installed, raised_from_handlers_unprinted, signals_deferred
+from gantool.inference.ray_connect import Terminated, sigterm_as_interrupt
 from process_helpers import descendants
 from tiny import TINY_ARGS
 
@@ -91,6 +93,59 @@ def test_a_deferred_signal_whose_previous_handling_was_the_default_still_ends_th
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == -signal.SIGTERM and proc.stdout == "block done\n", proc.stderr
+
+
+def test_only_the_handlers_own_exceptions_go_unprinted() -> None:
+    """Another exception that Python cannot raise (a failing ``__del__``) still reaches the hook
+    that was there before; the handler's own is dropped; the old hook is back after the block."""
+    reached: list[BaseException] = []
+    before = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: reached.append(unraisable.exc_value)
+
+    class FailsWhenDeleted:
+        def __init__(self, error: BaseException) -> None:
+            self.error = error
+
+        def __del__(self) -> None:
+            raise self.error
+
+    try:
+        previous = sys.unraisablehook
+        with raised_from_handlers_unprinted((KeyboardInterrupt,)):
+            FailsWhenDeleted(KeyboardInterrupt())
+            FailsWhenDeleted(ValueError("a real bug"))
+        assert sys.unraisablehook is previous
+    finally:
+        sys.unraisablehook = before
+    assert [type(e) for e in reached] == [ValueError]
+
+
+def test_a_sigterm_swallowed_by_a_weakref_callback_still_ends_a_ray_run(monkeypatch) -> None:
+    """`gantool inpaint --ray` raises Terminated on the first SIGTERM only (a second must not cut
+    the manifest's completion short). Raised inside a weakref callback, it never got out, and the
+    run went on deaf to every later SIGTERM. Now it is sent again and raised once the callback has
+    returned, with nothing printed."""
+    printed: list[BaseException] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: printed.append(unraisable.exc_value))
+
+    class Dropped:
+        pass
+
+    def callback(ref: object) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):  # the handler runs here, inside the callback
+            pass
+
+    with sigterm_as_interrupt(), pytest.raises(Terminated) as raised:
+        dropped = Dropped()
+        kept = weakref.ref(dropped, callback)
+        del dropped
+        assert kept() is None
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # the signal sent again is handled in this loop
+            pass
+    assert raised.value.signum == signal.SIGTERM
+    assert printed == []
 
 
 def test_off_the_main_thread_nothing_is_installed() -> None:

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,38 @@ def test_a_second_signal_mid_step_saves_nothing_and_the_last_checkpoint_resumes_
     resumed = train({}, resume=cut.last_checkpoint, progress=False)
     assert resumed.step == 8
     same_weights(load_checkpoint(straight.last_checkpoint), load_checkpoint(resumed.last_checkpoint))
+
+
+def test_a_second_signal_inside_a_weakref_callback_prints_nothing_and_still_saves_nothing(tmp_path, monkeypatch):
+    """Both SIGINTs arrive while a weakref callback runs in the loop's thread (as importlib's
+    module-lock cleanup does): the second one's AbortNow cannot get out of the callback. No
+    "Exception ignored" traceback is printed, and the run still ends as a second signal ends it."""
+    cfg = tiny_train_config(checkpoint_every=2, sample_every=100, keep_checkpoints=False)
+    real, calls, refs = loop_module.train_step, {"n": 0}, []
+
+    class Dropped:
+        pass
+
+    def callback(ref: object) -> None:
+        for _ in range(2):
+            os.kill(os.getpid(), signal.SIGINT)  # each handler runs at the loop's jump: inside this callback
+
+    def stepped(*args, **kwargs):
+        out = real(*args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == 3:
+            dropped = Dropped()
+            refs.append(weakref.ref(dropped, callback))
+            del dropped
+        return out
+
+    unprinted: list[BaseException] = []
+    monkeypatch.setattr(loop_module, "train_step", stepped)
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: unprinted.append(unraisable.exc_value))
+    cut = train(cfg.replace(out=str(tmp_path / "run")), progress=False)
+    assert unprinted == []
+    assert cut.interrupted and cut.aborted and cut.exit_code == 130
+    assert load_checkpoint(cut.last_checkpoint)["step"] == 2  # step 3 finished in memory, but is not saved
 
 
 def test_one_signal_mid_step_still_finishes_the_step_and_saves_it(tmp_path, monkeypatch):

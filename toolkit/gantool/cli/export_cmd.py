@@ -21,7 +21,7 @@ from gantool.core.constants import (
     PREFER_CHOICES,
 )
 from gantool.core.errors import GantoolError
-from gantool.core.signals import STOP_SIGNALS, handlers_installed
+from gantool.core.signals import STOP_SIGNALS, handlers_installed, raised_from_handlers_unprinted
 
 
 class _Terminated(BaseException):
@@ -34,14 +34,16 @@ def _signals_end_the_export() -> Iterator[list[int]]:
     them), after the library removed its staging folder; the output folder is left as it was.
 
     The handlers note what arrived: torch.onnx turns an interrupt raised inside its torch.export
-    step into its own "Failed to export" error, which would otherwise end as exit 1."""
+    step into its own "Failed to export" error, which would otherwise end as exit 1, and one raised
+    inside a weakref callback never gets out (the export then stops at its next check of the note)."""
     seen: list[int] = []
 
     def on_signal(signum: int, frame: object) -> None:
         seen.append(signum)
         raise KeyboardInterrupt if signum == signal.SIGINT else _Terminated
 
-    with handlers_installed(dict.fromkeys(STOP_SIGNALS, on_signal)):
+    handlers = handlers_installed(dict.fromkeys(STOP_SIGNALS, on_signal))
+    with handlers, raised_from_handlers_unprinted((KeyboardInterrupt, _Terminated)):
         try:
             yield seen
         except GantoolError:

@@ -1,6 +1,7 @@
 """Signal handlers, installed in one place: which signals end a job, and installing handlers for
 the length of a block (main thread only) with the previous ones put back after, and holding stop
-signals off for a block that must not be cut half-way (:func:`signals_deferred`).
+signals off for a block that must not be cut half-way (:func:`signals_deferred`). A handler that
+raises can land where no exception gets through (:func:`raised_from_handlers_unprinted`).
 
 Each command decides what a stop means (training: stop at the next step boundary; export: clean
 up and exit; ``--ray``: complete the manifest; serve: drain); this module owns only the mechanics.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import FrameType
@@ -83,3 +85,34 @@ def signals_deferred(signals: Iterable[signal.Signals] = STOP_SIGNALS) -> Iterat
                 handler(signum, None)
             elif handler == signal.SIG_DFL:
                 signal.raise_signal(signum)  # the default action, as if it came now
+
+
+@contextlib.contextmanager
+def raised_from_handlers_unprinted(
+    kinds: tuple[type[BaseException], ...], then: Callable[[BaseException], None] | None = None
+) -> Iterator[None]:
+    """While the block runs, an exception of ``kinds`` that Python could not raise is dropped
+    without its "Exception ignored in ..." traceback (and handed to ``then``); any other goes to
+    the previous hook.
+
+    A handler runs wherever the main thread is. Inside a weakref callback, a ``__del__`` or a
+    garbage-collector callback (importlib's module-lock cleanup is one), the exception it raises
+    cannot get out: Python prints it and goes on. So the handler must also note the signal, and
+    the code check that note (an export before each format and its commit, training at its step
+    boundary), or ``then`` sends the signal again (from another thread: sent from the hook, its
+    handler would run at once, inside the hook).
+    """
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        # Handlers run in the main thread only: the same kind of exception elsewhere is not theirs.
+        if not isinstance(unraisable.exc_value, kinds) or threading.current_thread() is not threading.main_thread():
+            previous(unraisable)
+        elif then is not None:
+            then(unraisable.exc_value)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous

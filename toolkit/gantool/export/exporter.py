@@ -312,7 +312,7 @@ def export_generator(
         written = _write_formats(
             stage, out_dir, keys, state, generator, folded, example, metadata,
             opset=opset, keep_debug_info=keep_debug_info, calib=calib, int8_min_psnr=int8_min_psnr,
-            cases=cases, aoti_device=aoti_device,
+            cases=cases, aoti_device=aoti_device, stop_requested=stop_requested,
         )  # fmt: skip
         _check_stop(stop_requested)
         tmp = {key: stage / ARTIFACT[key].filename for key in keys}
@@ -416,9 +416,10 @@ def _write_formats(
     stage: Path, out_dir: Path, keys: list[str], state: dict[str, Any], generator: Any, folded: Any,
     example: tuple[torch.Tensor, torch.Tensor], metadata: dict[str, str], *, opset: int | None,
     keep_debug_info: bool, calib: str | Path | None, int8_min_psnr: float, cases: Sequence[ParityCase] | None,
-    aoti_device: str | None,
+    aoti_device: str | None, stop_requested: Callable[[], bool] | None = None,
 ) -> _Written:  # fmt: skip
-    """Write every format of ``keys`` into ``stage`` (the report aside)."""
+    """Write every format of ``keys`` into ``stage`` (the report aside), asking ``stop_requested``
+    before each one."""
     done = _Written()
     tmp = {key: stage / ARTIFACT[key].filename for key in keys}
     if "aoti" in keys:
@@ -427,7 +428,7 @@ def _write_formats(
         import torch._inductor.codecache  # noqa: F401
     with scratch_space_in(stage):
         _write_each(done, tmp, stage, out_dir, state, generator, folded, example, metadata, opset,
-                    keep_debug_info, calib, int8_min_psnr, cases, aoti_device)  # fmt: skip
+                    keep_debug_info, calib, int8_min_psnr, cases, aoti_device, stop_requested)  # fmt: skip
     return done
 
 
@@ -435,11 +436,12 @@ def _write_each(
     done: _Written, tmp: dict[str, Path], stage: Path, out_dir: Path, state: dict[str, Any], generator: Any,
     folded: Any, example: tuple[torch.Tensor, torch.Tensor], metadata: dict[str, str], opset: int | None,
     keep_debug_info: bool, calib: str | Path | None, int8_min_psnr: float, cases: Sequence[ParityCase] | None,
-    aoti_device: str | None,
+    aoti_device: str | None, stop_requested: Callable[[], bool] | None,
 ) -> None:  # fmt: skip
     for key in ("onnx", "onnx_fp16", "onnx_int8", "pt2", "aoti", "torchscript", "safetensors"):
         if key not in tmp:
             continue
+        _check_stop(stop_requested)  # a stop whose interrupt was swallowed: not the next minute of compiling
         logger.info("exporting %s", ARTIFACT[key].filename)
         start = time.perf_counter()
         with _naming_target(stage, out_dir, ARTIFACT[key].filename):

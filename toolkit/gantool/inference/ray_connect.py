@@ -32,7 +32,7 @@ from typing import Any
 
 from gantool.core.errors import InputError, first_line
 from gantool.core.fileio import ensure_writable_dir
-from gantool.core.signals import STOP_SIGNALS, handlers_installed
+from gantool.core.signals import STOP_SIGNALS, handlers_installed, raised_from_handlers_unprinted
 
 
 class Terminated(KeyboardInterrupt):
@@ -54,8 +54,22 @@ def sigterm_as_interrupt() -> Iterator[None]:
             raised.append(signum)
             raise Terminated(signum)
 
+    def send_again(swallowed: BaseException) -> None:
+        # Raised inside a weakref callback, it never got out: the run would go on, deaf to SIGTERM.
+        if isinstance(swallowed, Terminated):
+            raised.clear()
+        # Sent from another thread, a moment later: sent from here, its handler would run at once, in
+        # this hook, where it cannot get out either (if it lands in a callback again, this repeats).
+        signum = getattr(swallowed, "signum", signal.SIGINT)
+        resend = threading.Timer(0.01, os.kill, (os.getpid(), signum))
+        resend.daemon = True
+        resend.start()
+
     # Ctrl-C: KeyboardInterrupt, whatever handler was there before
-    with handlers_installed({signal.SIGTERM: handler, signal.SIGINT: signal.default_int_handler}):
+    with (
+        handlers_installed({signal.SIGTERM: handler, signal.SIGINT: signal.default_int_handler}),
+        raised_from_handlers_unprinted((KeyboardInterrupt,), then=send_again),
+    ):
         yield
 
 

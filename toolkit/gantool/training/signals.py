@@ -19,7 +19,7 @@ import signal
 from collections.abc import Iterator
 from typing import Any
 
-from gantool.core.signals import STOP_SIGNALS, Handler, handlers_installed
+from gantool.core.signals import STOP_SIGNALS, Handler, handlers_installed, raised_from_handlers_unprinted
 
 # Write a checkpoint at the next step boundary and keep training (POSIX only).
 CHECKPOINT_SIGNAL: signal.Signals | None = getattr(signal, "SIGUSR1", None)
@@ -62,5 +62,7 @@ class StopFlag:
         handlers: dict[signal.Signals, Handler] = {sig: self.stop for sig in STOP_SIGNALS}
         if CHECKPOINT_SIGNAL is not None:
             handlers[CHECKPOINT_SIGNAL] = self.checkpoint_now
-        with handlers_installed(handlers):
+        # An AbortNow that cannot get out (raised in a weakref callback) still stops the run at its next
+        # step boundary: the first signal asked for that.
+        with handlers_installed(handlers), raised_from_handlers_unprinted((AbortNow,)):
             yield self
