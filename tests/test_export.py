@@ -377,8 +377,27 @@ def test_a_folder_exports_its_checkpoint_or_weights(full_export, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     result = invoke("export", empty, "-o", tmp_path / "none")
-    assert_one_line_error(result, "no checkpoint.pt, checkpoints/last.pt or generator.safetensors in this folder")
+    assert_one_line_error(
+        result, "no checkpoint.pt, checkpoints/last.pt (or step_N.pt) or generator.safetensors in this folder"
+    )
     assert leftovers(tmp_path / "none") == [] and leftovers(empty) == []
+
+
+def test_a_run_without_last_pt_exports_its_highest_step_checkpoint(full_export, tmp_path):
+    """With last.pt gone (deleted, or a run resumed from a kept step_N.pt), a run folder stands for
+    its highest step_N.pt, as `--resume RUN` takes it. Before: 'no ... in this folder'."""
+    from gantool.training.checkpoint import weights_file
+
+    checkpoint, _, _ = full_export
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    for step in (4, 12, 8):  # by step number, not by name: step_12 sorts before step_4 as text
+        (run / "checkpoints" / f"step_{step}.pt").write_bytes(checkpoint.read_bytes())
+    assert weights_file(run, "--init-from") == run / "checkpoints" / "step_12.pt"
+    result = invoke("export", run, "--onnx", "--no-verify")
+    assert result.exit_code == 0, result.output
+    assert f"Using {run / 'checkpoints' / 'step_12.pt'}" in result.output
+    assert read_model_metadata(run / "export" / "generator.onnx")["gantool.source"] == "step_12.pt"
 
 
 def test_safetensors_without_gantool_metadata_is_refused(tmp_path):

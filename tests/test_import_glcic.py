@@ -507,7 +507,10 @@ def test_init_from_any_gantool_checkpoint_or_weights(tmp_path):
     first = tmp_path / "first"
     train(dict(TRAIN, **TINY_MODEL, steps_g=2, steps_d=0, steps_joint=0, out=str(first)), progress=False)
     base = load_checkpoint(first / "checkpoints" / "last.pt")
-    for source in (first, first / "checkpoints" / "last.pt"):
+    kept = tmp_path / "kept"  # a run whose last.pt is gone: its highest step_N.pt, as --resume takes it
+    (kept / "checkpoints").mkdir(parents=True)
+    (kept / "checkpoints" / "step_2.pt").write_bytes((first / "checkpoints" / "last.pt").read_bytes())
+    for source in (first, first / "checkpoints" / "last.pt", kept):
         run = tmp_path / f"from_{source.name}"
         train(dict(TRAIN, init_from=str(source), steps_g=0, steps_d=2, steps_joint=0, out=str(run)), progress=False)
         state = load_checkpoint(run / "checkpoints" / "last.pt")

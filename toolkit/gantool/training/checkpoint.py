@@ -33,6 +33,7 @@ from gantool.core.errors import CheckpointError, InputError, first_line
 from gantool.core.fileio import atomic_save, atomic_write_bytes
 from gantool.core.finite import non_finite_weights
 from gantool.nn.networks import CompletionNetwork
+from gantool.training.runs import newest_checkpoint
 
 CHECKPOINT_FORMAT = "gantool-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -212,15 +213,20 @@ WEIGHTS_IN_FOLDER = (IMPORT_CHECKPOINT, f"{CHECKPOINTS_DIR}/{LAST_CHECKPOINT}", 
 
 def weights_file(path: str | Path, label: str) -> Path:
     """The file behind a weights argument (``gantool export``'s CHECKPOINT, ``--init-from``): a
-    file as given, or a folder's first of :data:`WEIGHTS_IN_FOLDER`. ``label`` names the argument
-    in the one-line errors."""
+    file as given, or a folder's first of :data:`WEIGHTS_IN_FOLDER`, where a run with no
+    ``last.pt`` gives its highest ``step_N.pt`` (as ``--resume RUN`` does). ``label`` names the
+    argument in the one-line errors."""
     path = Path(path).expanduser()
     if path.is_dir():
         for name in WEIGHTS_IN_FOLDER:
-            if (path / name).is_file():
+            if name.startswith(f"{CHECKPOINTS_DIR}/"):
+                newest, _ = newest_checkpoint(path / CHECKPOINTS_DIR)
+                if newest is not None:
+                    return newest
+            elif (path / name).is_file():
                 return path / name
         *others, last = WEIGHTS_IN_FOLDER
-        raise InputError(f"{label} {path}: no {', '.join(others)} or {last} in this folder")
+        raise InputError(f"{label} {path}: no {', '.join(others)} (or step_N.pt) or {last} in this folder")
     if not path.exists():
         raise InputError(f"{label}: not found: {path}")
     return path
