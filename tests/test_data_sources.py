@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -459,3 +460,13 @@ def test_data_pack_takes_a_list_file_in_its_order(tmp_path):
     source = open_source(str(tmp_path / "out"))
     assert source.read_bytes(0) == (folder / "p02.png").read_bytes()
     assert source.read_bytes(1) == (folder / "p01.jpg").read_bytes()
+
+
+def test_the_train_command_printed_by_pack_pastes_with_a_space_in_the_path(tmp_path):
+    """`train on them with: gantool train --data OUT` is copied into a shell: the path is one word."""
+    photos(tmp_path / "my photos", 2)
+    out = tmp_path / "my shards"
+    result = run_cli("data", "pack", tmp_path / "my photos", "-o", out)
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if line.startswith("train on them with: "))
+    assert shlex.split(line.removeprefix("train on them with: ")) == ["gantool", "train", "--data", str(out)]

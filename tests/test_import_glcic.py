@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -421,6 +422,17 @@ def test_an_existing_import_is_not_overwritten(tmp_path):
     assert (tmp_path / "o" / IMPORT_CHECKPOINT).read_bytes() == before
     result = invoke("import", "glcic-pytorch", model_cn, config, "-o", tmp_path / "o", "--overwrite")
     assert result.exit_code == 0, result.output
+
+
+def test_the_export_command_printed_by_import_pastes_with_a_space_in_the_path(tmp_path):
+    """`next: gantool export CHECKPOINT ...` is copied into a shell: the path is one word."""
+    model_cn, config = write_glcic_files(tmp_path / "src", make_model_cn(WIDTH), MPV, SIZE, LOCAL)
+    out = tmp_path / "my import"
+    result = invoke("import", "glcic-pytorch", model_cn, config, "-o", out)
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if line.startswith("next: "))
+    words = shlex.split(line.removeprefix("next: "))
+    assert words[:3] == ["gantool", "export", str(out / IMPORT_CHECKPOINT)]
 
 
 def test_info_shows_an_imported_checkpoint(imported):
