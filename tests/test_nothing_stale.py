@@ -525,3 +525,20 @@ def test_a_run_whose_export_is_older_than_its_last_checkpoint_warns_once(
         Inpainter(run, provider="cpu", backend="eager")  # the export's safetensors: the same folder, no new line
     warnings = [r.getMessage() for r in caplog.records if "is from training step" in r.getMessage()]
     assert len(warnings) == 1 and "step 8" in warnings[0] and "at step 11" in warnings[0], caplog.text
+
+
+def test_an_export_older_than_the_highest_step_checkpoint_warns_when_last_pt_is_gone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The run's newest checkpoint is its highest step_N.pt once last.pt is gone: an export older
+    than that is still named as stale."""
+    run = tmp_path / "run"
+    generator = briefly_trained_generator(TINY_CONFIG, steps=1)
+    checkpoint = write_checkpoint(run / "checkpoints" / "step_8.pt", generator, step=8)
+    export_generator(checkpoint, run / "export", formats=("onnx",), verify=False)
+    newer = write_checkpoint(run / "checkpoints" / "step_11.pt", generator, step=11)
+    os.utime(newer, (os.path.getmtime(run / "export" / "generator.onnx") + 5,) * 2)
+    with caplog.at_level("WARNING", logger="gantool.core.artifacts"):
+        Inpainter(run, provider="cpu")
+    warnings = [r.getMessage() for r in caplog.records if "is from training step" in r.getMessage()]
+    assert len(warnings) == 1 and "step 8" in warnings[0] and "step_11.pt is at step 11" in warnings[0], caplog.text

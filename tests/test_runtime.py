@@ -124,6 +124,22 @@ def test_resolve_model_by_folder_and_file(exported_model: ExportedModel) -> None
         resolve_model(exported_model.checkpoint, "onnx")
 
 
+def test_a_run_folder_without_an_export_or_last_pt_opens_its_highest_step_checkpoint(
+    exported_model: ExportedModel, tmp_path: Path
+) -> None:
+    """`--model RUN` with no export runs the run's newest checkpoint; with last.pt gone that is its
+    highest step_N.pt, as `--resume RUN` takes it. Before: 'no model in RUN'."""
+    run = tmp_path / "my run"
+    (run / "checkpoints").mkdir(parents=True)
+    for step in (2, 10):
+        shutil.copy(exported_model.checkpoint, run / "checkpoints" / f"step_{step}.pt")
+    newest = run / "checkpoints" / "step_10.pt"
+    assert resolve_model(run) == (newest, "eager")
+    assert resolve_model(run, "eager") == (newest, "eager")
+    with pytest.raises(ModelError, match="expected generator.onnx"):
+        resolve_model(run, "onnx")
+
+
 def test_missing_models_explain_themselves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ModelError, match="model not found"):
         resolve_model(tmp_path / "nope.onnx")

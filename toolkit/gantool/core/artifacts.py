@@ -25,6 +25,7 @@ from gantool.core.config import ModelConfig
 from gantool.core.constants import BACKEND_CHOICES, BACKENDS, CHECKPOINTS_DIR, LAST_CHECKPOINT, RUN_EXPORT_DIR
 from gantool.core.errors import InputError, ModelError, check_choice, first_line
 from gantool.core.fileio import finish_interrupted_commit
+from gantool.core.run_checkpoints import newest_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -284,8 +285,15 @@ def _folder_candidates(folder: Path, backend: str, precision: str = "fp32") -> l
     wanted = [*(model_artifacts(backend, precision) if precision != "fp32" else []), *model_artifacts(backend)]
     names = [sub / a.filename for sub in (folder, folder / RUN_EXPORT_DIR) for a in wanted]
     if backend == "eager":  # a run folder: the latest training checkpoint
-        names.append(folder / RUN_CHECKPOINT)
+        names.append(run_checkpoint(folder))
     return names
+
+
+def run_checkpoint(run: Path) -> Path:
+    """A run folder's newest checkpoint: ``checkpoints/last.pt``, else its highest ``step_N.pt``
+    (``checkpoints/last.pt`` when it has neither)."""
+    newest, _ = newest_checkpoint(run / CHECKPOINTS_DIR)
+    return newest if newest is not None else run / RUN_CHECKPOINT
 
 
 def resolve_model(model: str | Path | None, backend: str = "auto", precision: str = "fp32") -> tuple[Path, str]:
@@ -315,7 +323,7 @@ def resolve_model(model: str | Path | None, backend: str = "auto", precision: st
                 if candidate.is_file():
                     check_export_folder(candidate.parent)
                     if candidate.parent.name == RUN_EXPORT_DIR:
-                        warn_if_older_than_checkpoint(candidate, candidate.parent.parent / RUN_CHECKPOINT)
+                        warn_if_older_than_checkpoint(candidate, run_checkpoint(candidate.parent.parent))
                     return candidate, name
         expected = " or ".join(
             dict.fromkeys(

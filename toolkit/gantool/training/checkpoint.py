@@ -32,8 +32,8 @@ from gantool.core.constants import CHECKPOINTS_DIR, IMPORT_CHECKPOINT, LAST_CHEC
 from gantool.core.errors import CheckpointError, InputError, first_line
 from gantool.core.fileio import atomic_save, atomic_write_bytes
 from gantool.core.finite import non_finite_weights
+from gantool.core.run_checkpoints import newest_checkpoint
 from gantool.nn.networks import CompletionNetwork
-from gantool.training.runs import newest_checkpoint
 
 CHECKPOINT_FORMAT = "gantool-checkpoint"
 CHECKPOINT_VERSION = 1

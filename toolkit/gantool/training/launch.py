@@ -58,6 +58,7 @@ from typing import Any
 from gantool.core.constants import CHECKPOINTS_DIR, DEFAULT_COLLECTIVE_TIMEOUT_S, STATUS_FILE
 from gantool.core.errors import GantoolError, InputError, ProcessLostError, TrainingError, first_line
 from gantool.core.fileio import atomic_write_text
+from gantool.core.run_checkpoints import newest_checkpoint
 from gantool.core.signals import IGNORED_AT_START, handlers_installed
 
 log = logging.getLogger(__name__)
@@ -387,8 +388,6 @@ def last_checkpoint_line(run_dir: Path | None, nproc: int) -> str:
 
     The run's newest: last.pt, else its highest step_N.pt (a run resumed from one after
     last.pt was deleted has no last.pt until its next checkpoint)."""
-    from gantool.training.runs import newest_checkpoint
-
     path, _ = newest_checkpoint(run_dir / CHECKPOINTS_DIR) if run_dir is not None else (None, None)
     if path is None:
         return "No checkpoint was written."

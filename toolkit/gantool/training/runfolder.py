@@ -49,9 +49,9 @@ from gantool.core.constants import (
 )
 from gantool.core.errors import GantoolError, InputError, first_line
 from gantool.core.fileio import TMP_PREFIX, atomic_write_text, ensure_writable_dir, pid_alive
+from gantool.core.run_checkpoints import newest_checkpoint, step_checkpoints
 from gantool.training.checkpoint import load_checkpoint
 from gantool.training.index import RUN_INDEX_FILE
-from gantool.training.runs import newest_checkpoint, step_checkpoints
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,6 @@ from typing import Any
 from gantool.core.config import TrainConfig, read_toml
 from gantool.core.constants import (
     CHECKPOINTS_DIR,
-    LAST_CHECKPOINT,
     METRICS_FILE,
     RUN_CONFIG_FILE,
     STATUS_FILE,
@@ -27,6 +25,7 @@ from gantool.core.constants import (
 )
 from gantool.core.errors import GantoolError, InputError, first_line
 from gantool.core.fileio import atomic_save
+from gantool.core.run_checkpoints import newest_checkpoint
 from gantool.training.tracking import (
     D_WIN_FAKE,
     D_WIN_REAL,
@@ -48,7 +47,6 @@ LOSS_KEYS = ("loss_rec", "loss_d", "loss_adv")
 D_KEYS = ("d_real", "d_fake")
 VAL_KEYS = ("val_psnr", "val_psnr_hole")
 PLOT_GROUPS = ("losses", "D outputs", "validation PSNR")  # one axis each
-STEP_CHECKPOINT = re.compile(r"step_(\d+)\.pt")
 
 
 @dataclass
@@ -217,35 +215,6 @@ def read_status(path: Path) -> dict[str, Any] | None:
     if not isinstance(status, dict) or status.get("state") not in STATES:
         raise InputError(f"{STATUS_FILE} has no known state")
     return status
-
-
-def step_checkpoints(folder: Path) -> dict[int, Path]:
-    """A checkpoints folder's ``step_N.pt`` files by step (none when it cannot be read)."""
-    try:
-        return {int(m.group(1)): p for p in folder.iterdir() if (m := STEP_CHECKPOINT.fullmatch(p.name))}
-    except OSError:
-        return {}
-
-
-def newest_checkpoint(folder: Path) -> tuple[Path | None, int | None]:
-    """checkpoints/last.pt (else the highest step_N.pt) and its step when the names tell it.
-
-    last.pt is a hard link to the newest step_N.pt when both were kept, so the
-    same file gives last.pt's step without loading it.
-    """
-    if not folder.is_dir():
-        return None, None
-    steps = sorted(step_checkpoints(folder).items(), reverse=True)
-    last = folder / LAST_CHECKPOINT
-    if not last.is_file():
-        return (steps[0][1], steps[0][0]) if steps else (None, None)
-    for step, candidate in steps:
-        try:
-            if os.path.samefile(candidate, last):
-                return last, step
-        except OSError:
-            continue
-    return last, None
 
 
 def find_runs(root: str | Path) -> list[RunInfo]:
