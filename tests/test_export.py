@@ -284,6 +284,14 @@ def test_newest_checkpoint_is_the_default(tmp_path, monkeypatch, checkpoint_fact
     assert not (tmp_path / "runs" / "b" / "export").exists()
     report = json.loads((tmp_path / "runs" / "a" / "export" / "export_report.json").read_text())
     assert report["verified"] is False and report["parity"] is None
+    # A run whose last.pt is gone stands for its highest step_N.pt (before: not a candidate at all).
+    kept = write_checkpoint(tmp_path / "runs" / "c" / "checkpoints" / "step_9.pt", generator, step=9)
+    write_checkpoint(tmp_path / "runs" / "c" / "checkpoints" / "step_3.pt", generator, step=3)
+    os.utime(kept, (2_100_000_000, 2_100_000_000))
+    assert find_latest_checkpoint() == Path("runs/c/checkpoints/step_9.pt")
+    (tmp_path / "empty" / "run" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match=r"no checkpoint found under empty/\*/checkpoints \(last.pt or step_N"):
+        find_latest_checkpoint("empty")
 
 
 def test_default_output_dir():

@@ -170,8 +170,8 @@ def export(
 
     CHECKPOINT defaults to the newest runs/*/checkpoints/last.pt; an exported
     generator.safetensors (the shipped model's, say) exports too, and a folder
-    stands for its checkpoint.pt (an import), checkpoints/last.pt (a run) or
-    generator.safetensors (an export), the first found. The parity
+    stands for its checkpoint.pt (an import), checkpoints/last.pt (a run; else
+    its highest step_N.pt) or generator.safetensors (an export), the first found. The parity
     sweep compares eager PyTorch with every format written over batch sizes,
     image sizes and mask kinds (fp32 within --atol; fp16, bf16 and int8 by
     PSNR); a failed check writes nothing and exits 1. The files go into the

@@ -83,6 +83,7 @@ from gantool.core.fileio import (
 )
 from gantool.core.finite import non_finite_weights
 from gantool.core.processing import processing_contract
+from gantool.core.run_checkpoints import newest_checkpoint
 from gantool.export.formats import (
     HalfPrecisionGenerator,
     aoti_target,
@@ -146,10 +147,14 @@ class ParityError(ModelError):
 
 
 def find_latest_checkpoint(root: str | Path = "runs") -> Path:
-    """The newest ``<root>/*/checkpoints/last.pt`` by modification time."""
-    candidates = [p for p in Path(root).glob("*/checkpoints/last.pt") if p.is_file()]
+    """The newest of the runs' newest checkpoints (``<root>/*/checkpoints/last.pt``, else a run's
+    highest ``step_N.pt``) by modification time."""
+    found = (newest_checkpoint(folder / CHECKPOINTS_DIR)[0] for folder in Path(root).glob("*/"))
+    candidates = [p for p in found if p is not None]
     if not candidates:
-        raise CheckpointError(f"no checkpoint found under {root}/*/checkpoints/last.pt; pass one explicitly")
+        raise CheckpointError(
+            f"no checkpoint found under {root}/*/checkpoints (last.pt or step_N.pt); pass one explicitly"
+        )
     return max(candidates, key=lambda p: p.stat().st_mtime)
 
 
