@@ -136,8 +136,9 @@ def test_a_run_folder_without_an_export_or_last_pt_opens_its_highest_step_checkp
     newest = run / "checkpoints" / "step_10.pt"
     assert resolve_model(run) == (newest, "eager")
     assert resolve_model(run, "eager") == (newest, "eager")
-    with pytest.raises(ModelError, match="expected generator.onnx"):
+    with pytest.raises(ModelError, match="expected generator.onnx") as refused:
         resolve_model(run, "onnx")
+    assert "step_" not in str(refused.value)  # a checkpoint is not an export's file
 
 
 def test_missing_models_explain_themselves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

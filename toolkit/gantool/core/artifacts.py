@@ -330,12 +330,12 @@ def resolve_model(model: str | Path | None, backend: str = "auto", precision: st
                 c.name
                 for name in wanted
                 for c in _folder_candidates(path, name, precision)
-                if c.name != LAST_CHECKPOINT
+                if c.parent.name != CHECKPOINTS_DIR  # a run's checkpoint is not what an export writes
             )
         )
         others = sorted(
             {c.name for name in BACKENDS for c in _folder_candidates(path, name, "int8") + _folder_candidates(path, name, "fp16")
-             if c.is_file() and c.name != LAST_CHECKPOINT}
+             if c.is_file() and c.parent.name != CHECKPOINTS_DIR}
         )  # fmt: skip
         held = f"; it holds {', '.join(others)} (ask for it with --precision or --backend)" if others else ""
         raise ModelError(f"no model in {path}: expected {expected} (from `gantool export`){held}")
