@@ -10,6 +10,7 @@ layouts (plain and DataParallel's ``module.``).
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import shlex
 from pathlib import Path
@@ -482,7 +483,8 @@ def test_init_from_an_import_starts_a_new_run_from_its_weights(tmp_path, importe
     start = load_checkpoint(imported_with_d.files["checkpoint"])
     config = ModelConfig.from_dict(state["model_config"])
     assert config == ModelConfig.from_dict(start["model_config"])  # the import's model: variant, sizes, fill
-    assert state["train_config"]["init_from"] == str(imported_with_d.out_dir) and state["train_config"]["size"] == SIZE
+    recorded = str(Path(imported_with_d.files["checkpoint"]).resolve())  # the file it read, not the folder named
+    assert state["train_config"]["init_from"] == recorded and state["train_config"]["size"] == SIZE
     generator = generator_from_checkpoint(start)
     discriminator = ContextDiscriminator(config)
     # Phase 1 skipped (--steps-g 0): the generator's weights are the import's, bit for bit.
@@ -552,3 +554,26 @@ def test_init_from_on_the_command_line(tmp_path, imported_with_d):
     assert result.exit_code == 0, result.output
     assert "done: step 2" in result.output
     assert 'init_from = "' in (run / "config.toml").read_text()
+
+
+def test_a_relative_init_from_is_recorded_as_the_absolute_file_it_read(tmp_path, monkeypatch):
+    """`--init-from "../my run"` from another folder: config.toml (and the checkpoint's train
+    config) name the file the run started from, absolute; before, "../my run" as typed, which
+    says nothing from elsewhere, nor which of the run's checkpoints it was."""
+    from gantool.core.config import read_toml
+    from gantool.training.loop import train
+    from tiny import TINY_MODEL
+
+    first = tmp_path / "my run"
+    kept = dict(keep_checkpoints=True, checkpoint_every=1)
+    train(dict(TRAIN, **TINY_MODEL, **kept, steps_g=2, steps_d=0, steps_joint=0, out=str(first)), progress=False)
+    os.remove(first / "checkpoints" / "last.pt")  # the run's newest is now its step_2.pt
+    elsewhere = tmp_path / "else where"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    result = invoke("train", "--init-from", "../my run", "--steps-g", 0, "--steps-d", 1, "--steps-joint", 0,
+                    "--batch-size", 2, "--workers", 0, "--val-images", 2, "--out", "new run", "--quiet")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    recorded = str(first.resolve() / "checkpoints" / "step_2.pt")
+    assert read_toml(elsewhere / "new run" / "config.toml")["init_from"] == recorded
+    assert load_checkpoint(elsewhere / "new run" / "checkpoints" / "last.pt")["train_config"]["init_from"] == recorded

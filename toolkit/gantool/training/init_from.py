@@ -66,14 +66,17 @@ def adopt_init_model(cfg: TrainConfig, chosen: dict[str, Any] | None, resuming: 
         return cfg
     if not cfg.init_from:
         return cfg
-    model = load_init(cfg.init_from).model_config
+    init = load_init(cfg.init_from)
+    model = init.model_config
     adopted = {key: getattr(model, key) for key in ADOPTED_KEYS}
     given = chosen if chosen is not None else {key: getattr(cfg, key) for key in ADOPTED_KEYS}
     clashes = [k for k in ADOPTED_KEYS if k in given and given[k] is not None and _differs(given[k], adopted[k])]
     if clashes:
         shown = ", ".join(f"{k} (checkpoint: {_show(adopted[k])})" for k in clashes)
         raise InputError(f"--init-from {cfg.init_from}: {shown} differ from the options given; leave them out")
-    return cfg.replace(**adopted)
+    # Recorded as the file it read, absolute: a relative folder says nothing from elsewhere, and a
+    # run folder's newest checkpoint changes as it trains on.
+    return cfg.replace(**adopted, init_from=str(Path(init.path).resolve()))
 
 
 def _differs(a: Any, b: Any) -> bool:
