@@ -468,5 +468,7 @@ def test_the_train_command_printed_by_pack_pastes_with_a_space_in_the_path(tmp_p
     out = tmp_path / "my shards"
     result = run_cli("data", "pack", tmp_path / "my photos", "-o", out)
     assert result.exit_code == 0, result.output
+    assert "packing" not in result.output  # stderr is no terminal here: no bar frames in a log
+    assert "checking" not in run_cli("data", "check", out).output
     line = next(line for line in result.output.splitlines() if line.startswith("train on them with: "))
     assert shlex.split(line.removeprefix("train on them with: ")) == ["gantool", "train", "--data", str(out)]

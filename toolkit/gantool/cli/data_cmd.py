@@ -51,7 +51,9 @@ class OneLineErrors(click.Command):
             raise click.ClickException(e.format_message()) from None
 
 
-quiet_option = click.option("--quiet", is_flag=True, help="No progress bar.")
+quiet_option = click.option(
+    "--quiet", is_flag=True, help="No progress bar (there is none where stderr is not a terminal)."
+)
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 
 

@@ -112,7 +112,10 @@ def pack_images(
     started = time.perf_counter()
     with staged_folder(out) as stage:
         pattern = str(stage / f"{prefix}-%06d.tar")
-        bar = tqdm(total=total, unit="B", unit_scale=True, desc="packing", disable=not progress, leave=False)
+        # disable=None: no bar where stderr is not a terminal (a log file would keep its frames)
+        bar = tqdm(
+            total=total, unit="B", unit_scale=True, desc="packing", disable=None if progress else True, leave=False
+        )
         try:
             with wds.ShardWriter(
                 pattern, maxsize=shard_size, maxcount=shard_samples, verbose=0, mtime=SHARD_MTIME
@@ -264,7 +267,9 @@ def _decode_all(source: IndexedSource, report: DataReport, progress: bool, threa
         return None
 
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gantool-check") as pool:
-        bar = tqdm(total=len(source.index), unit="img", desc="checking", disable=not progress, leave=False)
+        bar = tqdm(
+            total=len(source.index), unit="img", desc="checking", disable=None if progress else True, leave=False
+        )
         try:
             for why in pool.map(one, range(len(source.index)), chunksize=64):
                 bar.update(1)
