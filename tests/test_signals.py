@@ -154,11 +154,14 @@ def test_off_the_main_thread_nothing_is_installed() -> None:
     def worker() -> None:
         with handlers_installed({signal.SIGTERM: _handler}) as installed:
             seen.extend([installed, signal.getsignal(signal.SIGTERM)])
+        with raised_from_handlers_unprinted((KeyboardInterrupt,)):  # no handler here, so no hook either
+            seen.append(sys.unraisablehook)
 
+    before = sys.unraisablehook
     thread = threading.Thread(target=worker)
     thread.start()
     thread.join()
-    assert seen[0] is False and seen[1] is not _handler
+    assert seen[0] is False and seen[1] is not _handler and seen[2] is before
 
 
 def started_with(*ignored: str) -> list[str]:

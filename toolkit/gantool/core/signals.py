@@ -100,8 +100,12 @@ def raised_from_handlers_unprinted(
     cannot get out: Python prints it and goes on. So the handler must also note the signal, and
     the code check that note (an export before each format and its commit, training at its step
     boundary), or ``then`` sends the signal again (from another thread: sent from the hook, its
-    handler would run at once, inside the hook).
+    handler would run at once, inside the hook). Outside the main thread nothing is installed,
+    as no handler is (:func:`handlers_installed`).
     """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     previous = sys.unraisablehook
 
     def hook(unraisable: Any) -> None:

@@ -149,7 +149,7 @@ class ParityError(ModelError):
 def find_latest_checkpoint(root: str | Path = "runs") -> Path:
     """The newest of the runs' newest checkpoints (``<root>/*/checkpoints/last.pt``, else a run's
     highest ``step_N.pt``) by modification time."""
-    found = (newest_checkpoint(folder / CHECKPOINTS_DIR)[0] for folder in Path(root).glob("*/"))
+    found = (newest_checkpoint(folder / CHECKPOINTS_DIR)[0] for folder in Path(root).glob("*"))
     candidates = [p for p in found if p is not None]
     if not candidates:
         raise CheckpointError(
