@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -407,6 +409,46 @@ def test_real_console_entry(
     assert done.stderr.strip().count("\n") == 0, done.stderr
     assert done.stderr.startswith("Error: provider 'cuda' could not be loaded: ")
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_signal_ends_inpaint_in_one_line_and_skip_existing_finishes(
+    exported_model: ExportedModel, tmp_path: Path, subprocess_env: dict[str, str], sig: signal.Signals
+) -> None:
+    """Ctrl-C or SIGTERM while a folder is inpainted: one line saying how far it got and how to
+    finish, exit 130 / 143, only whole outputs; the same command with --skip-existing finishes.
+    Before: Ctrl-C printed click's "Aborted!" and exited 1, as for an error."""
+    images = tmp_path / "my images"
+    images.mkdir()
+    for i in range(80):
+        Image.fromarray(textured_rgb(96, 96, seed=i)).save(images / f"p{i:03d}.png")
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "gantool", "inpaint", str(images), "--box", "8,8,64,64",
+               "--model", str(exported_model.folder), "-o", str(out), "--skip-existing"]  # fmt: skip
+    proc = subprocess.Popen(command, env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (out.is_dir() and any(out.iterdir())) and proc.poll() is None:
+            assert time.monotonic() < deadline, "no output within 120 s"
+            time.sleep(0.02)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + sig, err[-2000:]
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err and "Aborted" not in err, err[-2000:]
+    assert lines[0].startswith(f"interrupted ({sig.name}): ") and "of 80 input(s) done" in lines[0], lines[0]
+    assert "--skip-existing" in lines[0]
+    written = sorted(out.iterdir())
+    assert 0 < len(written) < 80 and all(p.name.endswith(".inpainted.png") for p in written)
+    for path in written:  # whole files only
+        with Image.open(path) as image:
+            image.load()
+    done = subprocess.run(command, env=subprocess_env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"{80 - len(written)} inpainted" in done.stdout and len(list(out.iterdir())) == 80
 
 
 def test_a_failed_write_on_the_writer_thread_fails_that_file_only(exported_model: ExportedModel, tmp_path: Path) -> None:

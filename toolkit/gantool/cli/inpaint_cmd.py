@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -185,9 +186,18 @@ def inpaint(
                         manifest=manifest,
                         **({"timeout": ray_timeout} if ray_timeout is not None else {}))  # fmt: skip
         return
+    _inpaint_here(images, model=model, provider=provider, backend_name=backend, precision=precision, mask=mask,
+                  boxes=boxes, output=output, strategy=strategy, batch_size=batch_size, crop_margin=crop_margin,
+                  blend=blend, overwrite=overwrite, skip_existing=skip_existing, max_pixels=max_pixels,
+                  max_blend_pixels=max_blend_pixels)  # fmt: skip
+
+
+def _inpaint_here(images: tuple[str, ...], blend: str, **options: Any) -> None:
+    """The run in this process (``options``: :func:`gantool.inference.pipeline.run_inpaint`'s)."""
     from tqdm import tqdm
 
     from gantool.inference.pipeline import ImageJob, run_inpaint  # delayed: imports numpy, onnxruntime
+    from gantool.inference.ray_connect import sigterm_as_interrupt
     from gantool.runtime.backends import Backend
 
     with tqdm(total=0, unit="img", file=sys.stderr, disable=None, leave=False) as bar:
@@ -198,20 +208,37 @@ def inpaint(
                 f"precision: {runner.precision} ({runner.precision_note}); blend: {blend}; model: {runner.path}"
             )
             bar.reset(total=len(jobs))
+            counts["total"] = len(jobs)
 
-        on_result = _reporter(bar)
+        counts = {"done": 0, "total": 0}  # the bar counts nothing where it is off (no terminal)
+        reporter = _reporter(bar)
 
-        summary = run_inpaint(
-            images, model=model, provider=provider, backend_name=backend, precision=precision, mask=mask,
-            boxes=boxes, output=output, strategy=strategy, batch_size=batch_size, crop_margin=crop_margin,
-            blend=blend, overwrite=overwrite, skip_existing=skip_existing, max_pixels=max_pixels, on_start=on_start,
-            on_result=on_result, max_blend_pixels=max_blend_pixels,
-        )  # fmt: skip
+        def on_result(result: Any) -> None:
+            reporter(result)
+            counts["done"] += 1
+
+        try:
+            with sigterm_as_interrupt():  # Ctrl-C and SIGTERM alike: the writes under way end whole, then one line
+                summary = run_inpaint(images, blend=blend, on_start=on_start, on_result=on_result, **options)
+        except KeyboardInterrupt as e:
+            bar.close()
+            _stopped(e, f"{counts['done']} of {counts['total']} input(s) done" if counts["total"] else "no input done")
     if len(summary.results) == 1 and summary.results[0].inpainted:
         click.echo(f"wrote {summary.results[0].output}")
     click.echo(summary.line())
     if not summary.succeeded:
         click.get_current_context().exit(1)
+
+
+def _stopped(interrupt: KeyboardInterrupt, done: str) -> NoReturn:
+    """Ctrl-C (KeyboardInterrupt) or SIGTERM (Terminated): one line, exit 130 / 143 as a shell reports it."""
+    signum = getattr(interrupt, "signum", signal.SIGINT)
+    click.echo(
+        f"interrupted ({signal.Signals(signum).name}): {done}; every output written is whole: "
+        "run the same command with --skip-existing to finish",
+        err=True,
+    )
+    sys.exit(128 + signum)
 
 
 def _reporter(bar: Any) -> Callable[[Any], None]:
@@ -230,7 +257,7 @@ def _reporter(bar: Any) -> Callable[[Any], None]:
 def _inpaint_on_ray(images: tuple[str, ...], **options: Any) -> None:
     from tqdm import tqdm
 
-    from gantool.inference.ray import RayPlan, Terminated, ray_inpaint
+    from gantool.inference.ray import RayPlan, ray_inpaint
 
     with tqdm(total=0, unit="img", file=sys.stderr, disable=None, leave=False) as bar:
 
@@ -246,10 +273,7 @@ def _inpaint_on_ray(images: tuple[str, ...], **options: Any) -> None:
         try:
             summary = ray_inpaint(images, on_start=on_start, on_result=on_result, **options)
         except KeyboardInterrupt as e:  # the manifest is complete: say where, and exit as the signal asks
-            signum = e.signum if isinstance(e, Terminated) else 2
-            click.echo(f"interrupted ({'SIGTERM' if signum == 15 else 'SIGINT'}): every input is in the manifest "
-                       "with its state; run again with --skip-existing to finish", err=True)  # fmt: skip
-            sys.exit(128 + signum)
+            _stopped(e, "every input is in the manifest with its state")
     click.echo(summary.line())
     if not summary.succeeded:
         click.get_current_context().exit(1)
