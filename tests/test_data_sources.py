@@ -8,9 +8,11 @@ import io
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from pathlib import Path
 
@@ -472,3 +474,31 @@ def test_the_train_command_printed_by_pack_pastes_with_a_space_in_the_path(tmp_p
     assert "checking" not in run_cli("data", "check", out).output
     line = next(line for line in result.output.splitlines() if line.startswith("train on them with: "))
     assert shlex.split(line.removeprefix("train on them with: ")) == ["gantool", "train", "--data", str(out)]
+
+
+def test_ctrl_c_during_pack_is_one_line_exit_130_and_leaves_no_output(tmp_path):
+    """Ctrl-C (a real SIGINT to this process) while `gantool data pack` writes: one line, exit 130,
+    and neither the output nor its staging folder is left. Before: click's "Aborted!" and exit 1,
+    as for an error (every command without stop handling of its own)."""
+    folder = photos(tmp_path / "photos", 600, size=(64, 64))
+    out = tmp_path / "shards"
+    packing = threading.Event()
+
+    def ctrl_c_once_packing() -> None:  # the staging folder exists from the first shard to the commit
+        deadline = time.monotonic() + 60
+        while not packing.is_set() and time.monotonic() < deadline:
+            if any(p.name.startswith(".gantool-stage") for p in tmp_path.iterdir()):
+                packing.set()
+                os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.001)
+
+    watcher = threading.Thread(target=ctrl_c_once_packing)
+    watcher.start()
+    try:
+        result = run_cli("data", "pack", folder, "-o", out, "--quiet")
+    finally:
+        packing.set()
+        watcher.join()
+    assert result.exit_code == 130, result.output
+    assert result.output.strip() == "interrupted (SIGINT): gantool data stopped", result.output
+    assert not out.exists() and not any(p.name.startswith(".gantool-stage") for p in tmp_path.iterdir())

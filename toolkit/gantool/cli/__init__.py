@@ -42,6 +42,11 @@ def run_library_call(ctx: click.Context, invoke: Callable[[click.Context], objec
         return invoke(ctx)
     except GantoolError as e:
         raise click.ClickException(str(e)) from None
+    except KeyboardInterrupt:
+        # Ctrl-C in a command with no stop handling of its own (data pack, eval, bench, import, ...):
+        # click would print "Aborted!" and exit 1, as for an error; exit 130, as a shell reports Ctrl-C.
+        click.echo(f"interrupted (SIGINT): gantool {ctx.invoked_subcommand} stopped", err=True)
+        sys.exit(128 + signal.SIGINT)
 
 
 class LazyGroup(click.Group):

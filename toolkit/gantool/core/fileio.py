@@ -297,18 +297,17 @@ def staged_folder(target: str | Path) -> Iterator[Path]:
         raise InputError(f"cannot create {target}: {e}") from None
     inside = target.is_dir()  # on the target's own filesystem either way (see the section's comment)
     home = target if inside else target.parent
-    try:
-        remove_stale_stages(target.parent)
-        if inside:
-            remove_stale_stages(target)
-        # Absolute: a compiler run in another working directory writes its scratch files here.
-        name = f"{STAGE_PREFIX}{'' if inside else target.name}.{os.getpid()}.{secrets.token_hex(4)}"
-        stage = home.absolute() / name
-        stage.mkdir()
-    except OSError as e:
-        _remove_empty(created)
-        raise InputError(f"cannot write to {home}: {e.strerror or e}") from None
-    try:
+    # Absolute: a compiler run in another working directory writes its scratch files here.
+    name = f"{STAGE_PREFIX}{'' if inside else target.name}.{os.getpid()}.{secrets.token_hex(4)}"
+    stage = home.absolute() / name
+    try:  # from the stage's mkdir on, the cleanup below runs: a Ctrl-C just after it leaves nothing
+        try:
+            remove_stale_stages(target.parent)
+            if inside:
+                remove_stale_stages(target)
+            stage.mkdir()
+        except OSError as e:
+            raise InputError(f"cannot write to {home}: {e.strerror or e}") from None
         yield stage
     finally:
         with _signals_deferred():
